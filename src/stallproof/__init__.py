@@ -1,0 +1,107 @@
+"""stallproof: LLM calls from agent harnesses that cannot hang.
+
+Every call is bounded in every phase (connect, read, write, pool wait, time to first token,
+stream idle) and by one total deadline that covers them all.
+"""
+
+from ._client import Chat, Client, Completions
+from ._config import UNSET, Limits, Timeouts
+from ._exceptions import (
+    APIStatusError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    ConnectError,
+    ConnectionLost,
+    ConnectTimeout,
+    FirstTokenTimeout,
+    IdleTimeout,
+    InternalServerError,
+    InvalidRequestError,
+    MalformedResponse,
+    NotFoundError,
+    PermissionDeniedError,
+    PoolTimeout,
+    ProtocolError,
+    RateLimitError,
+    ReadTimeout,
+    ResponseTooLarge,
+    StallproofError,
+    StreamErrorEvent,
+    TimeoutException,
+    TotalTimeout,
+    TransportError,
+    TruncatedResponse,
+    UnprocessableEntityError,
+    WriteTimeout,
+)
+from ._models import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionMessage,
+    ChatCompletionMessageToolCall,
+    Choice,
+    ChoiceDelta,
+    ChoiceDeltaToolCall,
+    ChoiceDeltaToolCallFunction,
+    ChunkChoice,
+    Function,
+    Usage,
+)
+from ._stream import AsyncStream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "APIStatusError",
+    "AsyncStream",
+    "AuthenticationError",
+    "BadRequestError",
+    "Chat",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionMessage",
+    "ChatCompletionMessageToolCall",
+    "Choice",
+    "ChoiceDelta",
+    "ChoiceDeltaToolCall",
+    "ChoiceDeltaToolCallFunction",
+    "ChunkChoice",
+    "Client",
+    "Completions",
+    "ConflictError",
+    "ConnectError",
+    "ConnectionLost",
+    "ConnectTimeout",
+    "FirstTokenTimeout",
+    "Function",
+    "IdleTimeout",
+    "InternalServerError",
+    "InvalidRequestError",
+    "Limits",
+    "MalformedResponse",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "PoolTimeout",
+    "ProtocolError",
+    "RateLimitError",
+    "ReadTimeout",
+    "ResponseTooLarge",
+    "StallproofError",
+    "StreamErrorEvent",
+    "TimeoutException",
+    "Timeouts",
+    "TotalTimeout",
+    "TransportError",
+    "TruncatedResponse",
+    "UNSET",
+    "UnprocessableEntityError",
+    "Usage",
+    "WriteTimeout",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type):
+        _obj.__module__ = "stallproof"
+del _name, _obj

@@ -1,0 +1,190 @@
+"""The runtime state of one call: its clock, its phase, and which bound is armed.
+
+A call runs its awaits inside anyio cancel scopes whose deadline is the earliest of the
+bounds that apply right now (total, and first_token or idle). `Call` remembers which bound
+set that deadline, so when the scope fires we raise the error that names it. Phases come
+from httpcore's ``trace`` request extension, not from guessing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+
+from . import _exceptions as exc
+from ._config import Timeouts
+
+__all__ = ["Call", "new_request_id"]
+
+# httpcore trace event -> the phase the call enters when it is emitted.
+_TRACE_PHASES = {
+    "connection.connect_tcp.started": "connecting",
+    "connection.connect_unix_socket.started": "connecting",
+    "connection.start_tls.started": "tls handshake",
+    "http11.send_request_headers.started": "sending",
+    "http2.send_request_headers.started": "sending",
+    "http11.receive_response_headers.started": "awaiting headers",
+    "http2.receive_response_headers.started": "awaiting headers",
+    "http11.receive_response_body.started": "receiving body",
+    "http2.receive_response_body.started": "receiving body",
+}
+_SENT_EVENTS = frozenset({"http11.send_request_body.complete", "http2.send_request_body.complete"})
+
+
+E = TypeVar("E", bound=exc.StallproofError)
+
+
+def new_request_id() -> str:
+    return f"sp-{secrets.token_hex(12)}"
+
+
+class Call:
+    """Clock, phase and armed bound of one logical call. Not shared between calls."""
+
+    def __init__(self, timeouts: Timeouts, request_id: str, *, stream: bool) -> None:
+        self.timeouts = timeouts
+        self.request_id = request_id
+        self.stream = stream
+        self.started = anyio.current_time()
+        self.total_deadline = self.started + timeouts.total
+        self.phase = "pool wait"
+        self.phase_since = self.started
+        self.sent_at: float | None = None
+        self.headers_received = False
+        self.server_request_id: str | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._bound = "total"
+
+    # -- clock ---------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return anyio.current_time() - self.started
+
+    def remaining(self) -> float:
+        return self.total_deadline - anyio.current_time()
+
+    def set_phase(self, phase: str) -> None:
+        if phase != self.phase:
+            self.phase = phase
+            self.phase_since = anyio.current_time()
+
+    # -- bounds --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def bounded(self, bound: str | None = None, deadline: float | None = None) -> Iterator[None]:
+        """Run the body under the total deadline (and an earlier one for ``bound``, if given).
+
+        Raises the `TimeoutException` of whichever bound fired. A cancellation from outside
+        (the caller's own scope) passes through untouched.
+        """
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            self._arm(bound, deadline)
+            try:
+                yield
+            finally:
+                self._scope = None
+        if scope.cancelled_caught:
+            raise self.timeout_error(self._bound)
+
+    def rearm(self, bound: str | None, deadline: float | None = None) -> None:
+        """Change the extra bound of the running `bounded` block (None: total only)."""
+        if self._scope is not None:
+            self._arm(bound, deadline)
+
+    def _arm(self, bound: str | None, deadline: float | None) -> None:
+        assert self._scope is not None
+        if bound is not None and deadline is not None and deadline < self.total_deadline:
+            self._scope.deadline = deadline
+            self._bound = bound
+        else:
+            self._scope.deadline = self.total_deadline
+            self._bound = "total"
+
+    def timeout_error(self, bound: str, limit: float | None = None) -> exc.TimeoutException:
+        cls = exc.TIMEOUT_CLASSES[bound]
+        return cls(
+            limit=getattr(self.timeouts, bound) if limit is None else limit,
+            elapsed=self.elapsed(),
+            phase=self.phase,
+            request_id=self.request_id,
+            server_request_id=self.server_request_id,
+        )
+
+    def error(self, cls: type[E], message: str, **kw: Any) -> E:
+        """An error of ``cls`` stamped with this call's ids, elapsed time and phase."""
+        return cls(
+            message,
+            request_id=self.request_id,
+            server_request_id=self.server_request_id,
+            elapsed=self.elapsed(),
+            phase=self.phase,
+            **kw,
+        )
+
+    # -- httpcore trace extension --------------------------------------------------------
+
+    async def trace(self, event: str, info: dict[str, Any]) -> None:
+        phase = _TRACE_PHASES.get(event)
+        if phase == "receiving body" and self.stream:
+            phase = "streaming"
+        if phase is not None:
+            self.set_phase(phase)
+        if event in _SENT_EVENTS:
+            self.sent_at = anyio.current_time()
+            self.set_phase("awaiting headers")
+            # From here until content arrives, first_token applies as well as total.
+            self.rearm("first_token", self.sent_at + self.timeouts.first_token)
+
+    # -- one boundary for httpx's errors --------------------------------------------------
+
+    @contextlib.contextmanager
+    def translate_errors(self) -> Iterator[None]:
+        """Turn httpx's exceptions into ours, with the bound or phase that explains them."""
+        t = self.timeouts
+        try:
+            yield
+        except httpx.ConnectTimeout as e:
+            raise self.timeout_error("connect", t.connect) from e
+        except httpx.ReadTimeout as e:
+            raise self.timeout_error("read", t.read) from e
+        except httpx.WriteTimeout as e:
+            raise self.timeout_error("write", t.write) from e
+        except httpx.PoolTimeout as e:
+            raise self.timeout_error("pool", t.pool) from e
+        except (httpx.ConnectError, httpx.ProxyError) as e:
+            raise self.error(exc.ConnectError, f"could not connect: {_describe(e)}") from e
+        except httpx.RemoteProtocolError as e:
+            if self.headers_received:
+                raise self.error(
+                    exc.TruncatedResponse, f"response ended early: {_describe(e)}"
+                ) from e
+            raise self.error(
+                exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
+            ) from e
+        except (httpx.ReadError, httpx.WriteError, httpx.CloseError) as e:
+            raise self.error(
+                exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
+            ) from e
+        except httpx.DecodingError as e:
+            raise self.error(exc.MalformedResponse, f"could not decode body: {e}") from e
+        except (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL) as e:
+            raise exc.InvalidRequestError(f"request cannot be sent: {e}") from e
+        except httpx.TransportError as e:
+            raise self.error(exc.TransportError, _describe(e)) from e
+
+    def _where(self) -> str:
+        return f"while {self.phase}"
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e)
+    cause = e.__context__
+    if not text and cause is not None:
+        text = str(cause) or type(cause).__name__
+    return text or type(e).__name__

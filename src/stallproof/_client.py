@@ -1,0 +1,370 @@
+"""`Client`: an async, OpenAI-compatible chat client where every call is bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Literal, overload
+
+import httpx
+
+from . import _exceptions as exc
+from ._call import Call, new_request_id
+from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
+from ._models import ChatCompletion
+from ._status import read_status_error
+from ._stream import AsyncStream, close_response
+
+__all__ = ["Chat", "Client", "Completions"]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+_USER_AGENT = "stallproof/0.1"
+
+
+class Client:
+    """An async chat client that cannot hang: a drop-in for ``openai.AsyncOpenAI`` on chat.
+
+    Args:
+        base_url: e.g. ``"http://127.0.0.1:8000/v1"``. Defaults to ``$OPENAI_BASE_URL``,
+            then OpenAI's URL.
+        api_key: sent as ``Authorization: Bearer ...``. Defaults to ``$OPENAI_API_KEY``;
+            with neither, no Authorization header is sent (local servers often need none).
+            The key never appears in a repr, a log line or an exception.
+        timeout: the default bounds of every call: a number (the total budget in seconds)
+            or a `Timeouts`. Each call may override it with ``create(..., timeout=...)``.
+        limits: size caps and pool size (`Limits`).
+        default_headers: extra headers sent with every request.
+        http_client: an ``httpx.AsyncClient`` to use instead of the client's own. Its own
+            timeouts are overridden per request by ours; it is not closed by `aclose`.
+        trust_env: let httpx read proxy settings from the environment (default True).
+
+    Example:
+        >>> async with Client(base_url="http://127.0.0.1:8000/v1", timeout=30) as client:
+        ...     resp = await client.chat.completions.create(
+        ...         model="m", messages=[{"role": "user", "content": "hi"}])
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str | httpx.URL | None = None,
+        api_key: str | None = None,
+        timeout: TimeoutTypes = Timeouts(),  # noqa: B008 - frozen and immutable
+        limits: Limits = Limits(),  # noqa: B008 - frozen and immutable
+        default_headers: Mapping[str, str] | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        trust_env: bool = True,
+    ) -> None:
+        if base_url is None:
+            base_url = os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+        if api_key is None:
+            api_key = os.environ.get("OPENAI_API_KEY") or None
+        if api_key is not None and not isinstance(api_key, str):
+            raise exc.InvalidRequestError(f"api_key must be a str, got {type(api_key).__name__}")
+        if not isinstance(limits, Limits):
+            raise exc.InvalidRequestError(f"limits must be a Limits, got {limits!r}")
+        try:
+            url = httpx.URL(str(base_url))
+        except httpx.InvalidURL as e:
+            raise exc.InvalidRequestError(f"invalid base_url: {e}") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise exc.InvalidRequestError(
+                f"base_url must be an absolute http(s) URL, got {str(base_url)!r}"
+            )
+        self.base_url = url.copy_with(path=url.path.rstrip("/") + "/")
+        self.timeout = Timeouts.coerce(timeout)
+        self.limits = limits
+        self._api_key = api_key
+        headers = {"user-agent": _USER_AGENT, "accept": "application/json"}
+        headers.update(default_headers or {})
+        self._headers = httpx.Headers(headers)
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=limits.max_connections,
+                max_keepalive_connections=limits.max_keepalive_connections,
+                keepalive_expiry=limits.keepalive_expiry,
+            ),
+            trust_env=trust_env,
+            follow_redirects=False,
+        )
+        self.chat = Chat(self)
+
+    @property
+    def api_key(self) -> str | None:
+        return self._api_key
+
+    def __repr__(self) -> str:
+        key = "None" if self._api_key is None else "'***'"
+        return f"<stallproof.Client base_url={str(self.base_url)!r} api_key={key}>"
+
+    async def aclose(self) -> None:
+        """Close the client's connections (not those of an ``http_client`` passed in)."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- the one place a request is made -------------------------------------------------
+
+    def _resolve_timeouts(self, timeout: TimeoutTypes | Unset | None) -> Timeouts:
+        if timeout is UNSET or timeout is None:
+            return self.timeout
+        return Timeouts.coerce(timeout, base=self.timeout)
+
+    def _build_request(
+        self,
+        path: str,
+        body: dict[str, Any],
+        call: Call,
+        extra_headers: Mapping[str, str] | None,
+        extra_query: Mapping[str, Any] | None,
+    ) -> httpx.Request:
+        headers = httpx.Headers(self._headers)
+        headers["x-request-id"] = call.request_id
+        if extra_headers:
+            for name, value in extra_headers.items():
+                if value is None:  # openai's way to remove a default header
+                    headers.pop(name, None)
+                else:
+                    headers[name] = value
+            call.request_id = headers.get("x-request-id", call.request_id)
+        try:
+            content = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+        except (TypeError, ValueError) as e:
+            raise exc.InvalidRequestError(f"request body is not JSON-serialisable: {e}") from None
+        headers["content-type"] = "application/json"
+        if call.stream:
+            headers["accept"] = "text/event-stream"
+        t = call.timeouts
+        return self._http.build_request(
+            "POST",
+            self.base_url.join(path),
+            content=content,
+            headers=headers,
+            params=dict(extra_query) if extra_query else None,
+            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+            extensions={"trace": call.trace},
+        )
+
+    async def _chat(
+        self,
+        body: dict[str, Any],
+        *,
+        stream: bool,
+        timeout: TimeoutTypes | Unset | None,
+        extra_headers: Mapping[str, str] | None,
+        extra_query: Mapping[str, Any] | None,
+    ) -> ChatCompletion | AsyncStream:
+        timeouts = self._resolve_timeouts(timeout)
+        call = Call(timeouts, new_request_id(), stream=stream)
+        request = self._build_request("chat/completions", body, call, extra_headers, extra_query)
+        response: httpx.Response | None = None
+        handed_over = False
+        try:
+            with call.bounded(), call.translate_errors():
+                response = await self._http.send(request, stream=True)
+                call.headers_received = True
+                call.server_request_id = response.headers.get(
+                    "x-request-id"
+                ) or response.headers.get("request-id")
+                if response.status_code >= 300:
+                    raise await read_status_error(response, call, self.limits.max_error_body_bytes)
+                if stream:
+                    ctype = response.headers.get("content-type", "")
+                    if ctype.startswith("application/json"):
+                        raise call.error(
+                            exc.MalformedResponse,
+                            "asked for a stream but the server answered with a JSON body",
+                        )
+                    result: ChatCompletion | AsyncStream = AsyncStream(response, call, self.limits)
+                    handed_over = True
+                else:
+                    result = await self._read_completion(response, call)
+            return result
+        finally:
+            if response is not None and not handed_over:
+                await close_response(response)
+
+    async def _read_completion(self, response: httpx.Response, call: Call) -> ChatCompletion:
+        cap = self.limits.max_response_bytes
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cap:
+            raise call.error(
+                exc.ResponseTooLarge,
+                f"Content-Length {declared} is over max_response_bytes={cap}",
+                limit=cap,
+            )
+        buf = bytearray()
+        async for part in response.aiter_bytes():
+            if not buf:
+                # The first body byte ends first_token; total still applies to the rest.
+                call.rearm(None)
+            buf += part
+            if len(buf) > cap:
+                raise call.error(
+                    exc.ResponseTooLarge, f"body passed max_response_bytes={cap}", limit=cap
+                )
+        try:
+            data = json.loads(buf)
+        except ValueError:
+            raise call.error(
+                exc.MalformedResponse,
+                f"response body is not JSON ({len(buf)} bytes): {bytes(buf[:80])!r}",
+            ) from None
+        if not isinstance(data, dict):
+            raise call.error(
+                exc.MalformedResponse, f"response body is JSON {type(data).__name__}, not object"
+            )
+        if "error" in data and "choices" not in data:
+            raise call.error(
+                exc.StreamErrorEvent, "the server answered 200 with an error object", body=data
+            )
+        try:
+            return ChatCompletion.from_dict(data)
+        except exc.MalformedResponse as e:
+            raise call.error(exc.MalformedResponse, e.message) from None
+
+
+class Completions:
+    """``client.chat.completions``: the ``create`` method openai users already call."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    @overload
+    async def create(
+        self,
+        *,
+        messages: Iterable[Mapping[str, Any]],
+        model: str,
+        stream: Literal[False] = False,
+        timeout: TimeoutTypes | Unset | None = UNSET,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, Any] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> ChatCompletion: ...
+
+    @overload
+    async def create(
+        self,
+        *,
+        messages: Iterable[Mapping[str, Any]],
+        model: str,
+        stream: Literal[True],
+        timeout: TimeoutTypes | Unset | None = UNSET,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, Any] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> AsyncStream: ...
+
+    @overload
+    async def create(
+        self,
+        *,
+        messages: Iterable[Mapping[str, Any]],
+        model: str,
+        stream: bool,
+        timeout: TimeoutTypes | Unset | None = UNSET,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, Any] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> ChatCompletion | AsyncStream: ...
+
+    async def create(
+        self,
+        *,
+        messages: Iterable[Mapping[str, Any]],
+        model: str,
+        stream: bool = False,
+        timeout: TimeoutTypes | Unset | None = UNSET,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_query: Mapping[str, Any] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> ChatCompletion | AsyncStream:
+        """Create a chat completion; with ``stream=True``, an `AsyncStream` of chunks.
+
+        Takes openai's keyword arguments (tools, tool_choice, response_format, temperature,
+        max_tokens, stop, stream_options, ...) and passes any others through into the JSON
+        body. ``timeout`` overrides the client's bounds for this call: a number replaces
+        only the total budget.
+
+        Raises:
+            TimeoutException: a bound fired (the subclass names it).
+            TransportError, ProtocolError, APIStatusError: see the exception tree.
+            InvalidRequestError: the arguments cannot be sent.
+        """
+        body = _build_body(messages, model, stream, params, extra_body)
+        return await self._client._chat(
+            body,
+            stream=stream,
+            timeout=timeout,
+            extra_headers=extra_headers,
+            extra_query=extra_query,
+        )
+
+
+class Chat:
+    """``client.chat``."""
+
+    def __init__(self, client: Client) -> None:
+        self.completions = Completions(client)
+
+
+def _is_omitted(value: object) -> bool:
+    # openai's NOT_GIVEN / omit sentinels mean "leave it out", so code written against
+    # openai that passes them keeps working.
+    return type(value).__name__ in ("NotGiven", "Omit")
+
+
+def _build_body(
+    messages: Iterable[Mapping[str, Any]],
+    model: str,
+    stream: bool,
+    params: Mapping[str, Any],
+    extra_body: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    if not isinstance(model, str) or not model:
+        raise exc.InvalidRequestError(f"model must be a non-empty str, got {model!r}")
+    if not isinstance(stream, bool):
+        raise exc.InvalidRequestError(f"stream must be a bool, got {stream!r}")
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+        raise exc.InvalidRequestError(
+            f"messages must be a list of message objects, got {type(messages).__name__}"
+        )
+    msgs = list(messages)
+    if not msgs:
+        raise exc.InvalidRequestError("messages must not be empty")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, Mapping):
+            raise exc.InvalidRequestError(
+                f"messages[{i}] must be a mapping, got {type(m).__name__}"
+            )
+        if not isinstance(m.get("role"), str):
+            raise exc.InvalidRequestError(f"messages[{i}] has no 'role' string")
+    body: dict[str, Any] = {"model": model, "messages": [dict(m) for m in msgs]}
+    if stream:
+        body["stream"] = True
+    for key, value in params.items():
+        if not _is_omitted(value):
+            body[key] = value
+    if extra_body:
+        body.update(extra_body)
+    return body

@@ -1,0 +1,229 @@
+"""Response objects with attribute access, shaped like the openai SDK's.
+
+They are frozen dataclasses built from the server's JSON with light validation: a field that
+is present with the wrong type raises `MalformedResponse` naming its path
+(``choices[0].message.content: expected str, got int``); absent fields are ``None``. Fields a
+server adds that openai does not declare (vLLM's ``reasoning_content``, say) are reachable
+as attributes too, and ``to_dict()`` returns the JSON exactly as received.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from ._exceptions import MalformedResponse
+
+__all__ = [
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionMessage",
+    "ChatCompletionMessageToolCall",
+    "Choice",
+    "ChoiceDelta",
+    "ChoiceDeltaToolCall",
+    "ChoiceDeltaToolCallFunction",
+    "ChunkChoice",
+    "Function",
+    "Usage",
+]
+
+M = TypeVar("M", bound="Model")
+
+
+def _kind(kind: object) -> Any:
+    return dataclasses.field(default=None, metadata={"kind": kind})
+
+
+_TYPE_NAMES = {str: "str", int: "int", float: "number", bool: "bool", dict: "object"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Model:
+    """Base of every response object: attribute access over the JSON the server sent."""
+
+    _raw: Mapping[str, Any] = dataclasses.field(repr=False, compare=False, kw_only=True)
+
+    @classmethod
+    def from_dict(cls: type[M], data: object, path: str = "") -> M:
+        """Build from parsed JSON; raises `MalformedResponse` on a wrong-typed field."""
+        if not isinstance(data, Mapping):
+            raise MalformedResponse(
+                f"{path or cls.__name__}: expected object, got {type(data).__name__}"
+            )
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            kind = field.metadata.get("kind")
+            if kind is None or field.name not in data:
+                continue
+            values[field.name] = _convert(kind, data[field.name], _join(path, field.name))
+        return cls(_raw=data, **values)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: undeclared fields the server sent.
+        if not name.startswith("_"):
+            raw = object.__getattribute__(self, "_raw")
+            if name in raw:
+                return raw[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object exactly as the server sent it."""
+        return dict(self._raw)
+
+    model_dump = to_dict  # the openai / pydantic spelling
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _convert(kind: object, value: Any, path: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(kind, list):
+        (item_kind,) = kind
+        if not isinstance(value, list):
+            raise MalformedResponse(f"{path}: expected array, got {type(value).__name__}")
+        return [_convert(item_kind, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(kind, type) and issubclass(kind, Model):
+        return kind.from_dict(value, path)
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)  # type: ignore[arg-type]
+    if not ok:
+        name = _TYPE_NAMES.get(kind, str(kind))  # type: ignore[call-overload]
+        raise MalformedResponse(f"{path}: expected {name}, got {type(value).__name__}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage(Model):
+    prompt_tokens: int | None = _kind(int)
+    completion_tokens: int | None = _kind(int)
+    total_tokens: int | None = _kind(int)
+    prompt_tokens_details: dict[str, Any] | None = _kind(dict)
+    completion_tokens_details: dict[str, Any] | None = _kind(dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Function(Model):
+    name: str | None = _kind(str)
+    arguments: str | None = _kind(str)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatCompletionMessageToolCall(Model):
+    id: str | None = _kind(str)
+    type: str | None = _kind(str)
+    function: Function | None = _kind(Function)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatCompletionMessage(Model):
+    role: str | None = _kind(str)
+    content: str | None = _kind(str)
+    refusal: str | None = _kind(str)
+    tool_calls: list[ChatCompletionMessageToolCall] | None = _kind([ChatCompletionMessageToolCall])
+    function_call: Function | None = _kind(Function)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Choice(Model):
+    index: int | None = _kind(int)
+    message: ChatCompletionMessage | None = _kind(ChatCompletionMessage)
+    finish_reason: str | None = _kind(str)
+    logprobs: dict[str, Any] | None = _kind(dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatCompletion(Model):
+    """A non-streamed chat completion (``object == "chat.completion"``)."""
+
+    id: str | None = _kind(str)
+    object: str | None = _kind(str)
+    created: int | None = _kind(int)
+    model: str | None = _kind(str)
+    choices: list[Choice] | None = _kind([Choice])
+    usage: Usage | None = _kind(Usage)
+    system_fingerprint: str | None = _kind(str)
+    service_tier: str | None = _kind(str)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChoiceDeltaToolCallFunction(Model):
+    name: str | None = _kind(str)
+    arguments: str | None = _kind(str)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChoiceDeltaToolCall(Model):
+    index: int | None = _kind(int)
+    id: str | None = _kind(str)
+    type: str | None = _kind(str)
+    function: ChoiceDeltaToolCallFunction | None = _kind(ChoiceDeltaToolCallFunction)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChoiceDelta(Model):
+    role: str | None = _kind(str)
+    content: str | None = _kind(str)
+    refusal: str | None = _kind(str)
+    tool_calls: list[ChoiceDeltaToolCall] | None = _kind([ChoiceDeltaToolCall])
+    function_call: ChoiceDeltaToolCallFunction | None = _kind(ChoiceDeltaToolCallFunction)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChunkChoice(Model):
+    index: int | None = _kind(int)
+    delta: ChoiceDelta | None = _kind(ChoiceDelta)
+    finish_reason: str | None = _kind(str)
+    logprobs: dict[str, Any] | None = _kind(dict)
+
+
+# Delta fields whose non-empty value is progress: the model produced something.
+_CONTENT_FIELDS = (
+    "content",
+    "refusal",
+    "tool_calls",
+    "function_call",
+    "reasoning_content",
+    "reasoning",
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatCompletionChunk(Model):
+    """One streamed chunk (``object == "chat.completion.chunk"``)."""
+
+    id: str | None = _kind(str)
+    object: str | None = _kind(str)
+    created: int | None = _kind(int)
+    model: str | None = _kind(str)
+    choices: list[ChunkChoice] | None = _kind([ChunkChoice])
+    usage: Usage | None = _kind(Usage)
+    system_fingerprint: str | None = _kind(str)
+
+    @property
+    def has_content(self) -> bool:
+        """True if this chunk is progress: content, a tool-call piece, a finish, or usage.
+
+        A role-only first chunk, an empty delta or a keep-alive chunk is not; it does not
+        reset the ``idle`` or ``first_token`` bounds.
+        """
+        if self.usage is not None:
+            return True
+        for choice in self.choices or ():
+            if choice.finish_reason:
+                return True
+            delta = choice.delta
+            if delta is None:
+                continue
+            raw = delta._raw
+            if any(raw.get(name) for name in _CONTENT_FIELDS):
+                return True
+        return False

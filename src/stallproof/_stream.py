@@ -1,0 +1,214 @@
+"""A streamed chat completion, bounded while the caller iterates it.
+
+Each step of iteration runs under the earliest of: the call's total deadline, and either
+``first_token`` (before the first content chunk) or ``idle`` (after it). Only time spent
+waiting on the server counts towards first_token and idle; time the caller holds a chunk
+does not. Total is wall time and counts everything.
+
+The connection is released on every exit: end of stream, error, timeout, cancellation,
+``break`` out of ``async for`` (the loop's generator is finalised at once), ``aclose()`` or
+leaving ``async with``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import AsyncIterator
+from types import TracebackType
+
+import anyio
+import httpx
+
+from . import _exceptions as exc
+from ._call import Call
+from ._config import Limits
+from ._models import ChatCompletionChunk
+from ._sse import LineTooLong, ServerSentEvent, SSEDecoder
+
+__all__ = ["AsyncStream"]
+
+# After [DONE], how long we wait for the end of the HTTP body so the connection can be
+# reused. A server that holds the socket open after [DONE] costs at most this much.
+_DRAIN_AFTER_DONE = 0.25
+# Closing is local work (a socket close), but it is bounded too.
+_CLOSE_BOUND = 5.0
+
+
+async def close_response(response: httpx.Response) -> None:
+    """Release the response's connection, even from a cancelled scope."""
+    with anyio.move_on_after(_CLOSE_BOUND, shield=True):
+        await response.aclose()
+
+
+class AsyncStream:
+    """Async iterator of `ChatCompletionChunk`, returned by ``create(..., stream=True)``.
+
+    Use it as ``async for chunk in stream`` and/or ``async with stream``. Besides the
+    chunks, it exposes ``request_id``, ``server_request_id`` and ``response`` (the
+    `httpx.Response`, headers only).
+    """
+
+    def __init__(self, response: httpx.Response, call: Call, limits: Limits) -> None:
+        self.response = response
+        self._call = call
+        self._limits = limits
+        self._bytes = response.aiter_bytes()
+        self._decoder = SSEDecoder(limits.max_line_bytes)
+        self._events: deque[ServerSentEvent] = deque()
+        self._received = 0
+        # Server-waiting time since the request was sent (first_token) or since the last
+        # content chunk (idle).
+        self._waited = anyio.current_time() - (call.sent_at or call.started)
+        self._seen_content = False
+        self._finished = False
+        self._done = False
+        self._closed = False
+        call.set_phase("streaming")
+
+    @property
+    def request_id(self) -> str:
+        return self._call.request_id
+
+    @property
+    def server_request_id(self) -> str | None:
+        return self._call.server_request_id
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[ChatCompletionChunk]:
+        # A fresh generator per loop: when the caller `break`s, the loop drops its only
+        # reference, the generator is finalised and its `finally` releases the connection.
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ChatCompletionChunk]:
+        try:
+            while (chunk := await self._next()) is not None:
+                yield chunk
+        finally:
+            await self.aclose()
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        chunk = await self._next()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def _next(self) -> ChatCompletionChunk | None:
+        if self._done or self._closed:
+            return None
+        call = self._call
+        t = call.timeouts
+        bound, limit = ("idle", t.idle) if self._seen_content else ("first_token", t.first_token)
+        start = anyio.current_time()
+        try:
+            with call.bounded(bound, start + (limit - self._waited)), call.translate_errors():
+                chunk = await self._read_chunk()
+        except BaseException:
+            await self.aclose()
+            raise
+        if chunk is None:
+            self._done = True
+            await self._finish()
+            return None
+        if chunk.has_content:
+            self._seen_content = True
+            self._waited = 0.0
+        else:
+            self._waited += anyio.current_time() - start
+        return chunk
+
+    async def _read_chunk(self) -> ChatCompletionChunk | None:
+        """Read until the next chunk event; None at ``[DONE]`` or a clean end."""
+        while True:
+            while self._events:
+                event = self._events.popleft()
+                if event.data == "[DONE]":
+                    return None
+                chunk = self._parse(event)
+                if chunk is not None:
+                    return chunk
+            try:
+                data = await self._bytes.__anext__()
+            except StopAsyncIteration:
+                if self._finished:
+                    return None
+                raise self._call.error(
+                    exc.TruncatedResponse,
+                    "stream ended without [DONE] and without a finish_reason",
+                ) from None
+            self._received += len(data)
+            if self._received > self._limits.max_response_bytes:
+                raise self._call.error(
+                    exc.ResponseTooLarge,
+                    f"stream passed max_response_bytes={self._limits.max_response_bytes}",
+                    limit=self._limits.max_response_bytes,
+                )
+            try:
+                self._events.extend(self._decoder.feed(data))
+            except LineTooLong:
+                raise self._call.error(
+                    exc.ResponseTooLarge,
+                    f"an SSE line passed max_line_bytes={self._limits.max_line_bytes}",
+                    limit=self._limits.max_line_bytes,
+                ) from None
+
+    def _parse(self, event: ServerSentEvent) -> ChatCompletionChunk | None:
+        if not event.data:
+            return None  # an event with no data carries nothing (a named ping, say)
+        try:
+            obj = json.loads(event.data)
+        except ValueError:
+            raise self._call.error(
+                exc.MalformedResponse, f"SSE data is not JSON: {_excerpt(event.data)}"
+            ) from None
+        if event.event == "error" or (isinstance(obj, dict) and "error" in obj):
+            err = obj.get("error", obj) if isinstance(obj, dict) else obj
+            message = err.get("message") if isinstance(err, dict) else None
+            raise self._call.error(
+                exc.StreamErrorEvent,
+                "the server reported an error inside the stream: "
+                f"{message or _excerpt(event.data)}",
+                body=obj,
+            )
+        if event.event not in ("message", "chunk"):
+            return None  # other named events (pings, metadata) are not chunks
+        chunk = ChatCompletionChunk.from_dict(obj, "chunk")
+        if any(c.finish_reason for c in chunk.choices or ()):
+            self._finished = True
+        return chunk
+
+    # -- closing -------------------------------------------------------------------------
+
+    async def _finish(self) -> None:
+        # Read the end of the HTTP body if it is already on its way, so the connection can
+        # go back to the pool; never wait long for it.
+        if not self.response.is_closed:
+            with anyio.move_on_after(min(_DRAIN_AFTER_DONE, max(self._call.remaining(), 0))):
+                try:
+                    async for _ in self._bytes:
+                        pass
+                except httpx.HTTPError:
+                    pass
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the stream and release its connection. Safe to call more than once."""
+        if not self._closed:
+            self._closed = True
+            await close_response(self.response)
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _excerpt(text: str, limit: int = 120) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
