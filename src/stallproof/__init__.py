@@ -94,8 +94,8 @@ __all__ = [
     "TotalTimeout",
     "TransportError",
     "TruncatedResponse",
-    "UNSET",
     "UnprocessableEntityError",
+    "UNSET",
     "Usage",
     "WriteTimeout",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -150,7 +151,7 @@ class Client:
         if call.stream:
             headers["accept"] = "text/event-stream"
         t = call.timeouts
-        return self._http.build_request(
+        request = self._http.build_request(
             "POST",
             self.base_url.join(path),
             content=content,
@@ -159,6 +160,8 @@ class Client:
             timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
             extensions={"trace": call.trace},
         )
+        request.stream = _Body(content)
+        return request
 
     async def _chat(
         self,
@@ -209,15 +212,16 @@ class Client:
                 limit=cap,
             )
         buf = bytearray()
-        async for part in response.aiter_bytes():
-            if not buf:
-                # The first body byte ends first_token; total still applies to the rest.
-                call.rearm(None)
-            buf += part
-            if len(buf) > cap:
-                raise call.error(
-                    exc.ResponseTooLarge, f"body passed max_response_bytes={cap}", limit=cap
-                )
+        async with contextlib.aclosing(response.aiter_bytes()) as parts:  # type: ignore[type-var]
+            async for part in parts:
+                if not buf:
+                    # The first body byte ends first_token; total still applies to the rest.
+                    call.rearm(None)
+                buf += part
+                if len(buf) > cap:
+                    raise call.error(
+                        exc.ResponseTooLarge, f"body passed max_response_bytes={cap}", limit=cap
+                    )
         try:
             data = json.loads(buf)
         except ValueError:
@@ -237,6 +241,29 @@ class Client:
             return ChatCompletion.from_dict(data)
         except exc.MalformedResponse as e:
             raise call.error(exc.MalformedResponse, e.message) from None
+
+
+class _Body(httpx.AsyncByteStream):
+    """The request body as one chunk, from a plain iterator rather than a generator.
+
+    httpx's own byte stream is an async generator; when a write is interrupted (a write
+    timeout, a cancellation) it is left unexhausted and trio warns when it is collected.
+    An iterator object has nothing to finalise.
+    """
+
+    def __init__(self, content: bytes) -> None:
+        self._content = content
+        self._sent = False
+
+    def __aiter__(self) -> _Body:
+        self._sent = False
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._sent:
+            raise StopAsyncIteration
+        self._sent = True
+        return self._content
 
 
 class Completions:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import time
@@ -52,11 +53,12 @@ async def read_status_error(
 ) -> exc.APIStatusError:
     """Read at most ``max_bytes`` of the error body and build the matching error."""
     buf = bytearray()
-    async for part in response.aiter_bytes():
-        buf += part
-        if len(buf) >= max_bytes:
-            del buf[max_bytes:]
-            break
+    async with contextlib.aclosing(response.aiter_bytes()) as parts:  # type: ignore[type-var]
+        async for part in parts:
+            buf += part
+            if len(buf) >= max_bytes:
+                del buf[max_bytes:]
+                break
     text = buf.decode("utf-8", errors="replace")
     body: object = text or None
     detail = ""

@@ -12,9 +12,10 @@ leaving ``async with``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from types import TracebackType
 
 import anyio
@@ -53,7 +54,7 @@ class AsyncStream:
         self.response = response
         self._call = call
         self._limits = limits
-        self._bytes = response.aiter_bytes()
+        self._bytes: AsyncGenerator[bytes, None] = response.aiter_bytes()  # type: ignore[assignment]
         self._decoder = SSEDecoder(limits.max_line_bytes)
         self._events: deque[ServerSentEvent] = deque()
         self._received = 0
@@ -185,17 +186,18 @@ class AsyncStream:
         # go back to the pool; never wait long for it.
         if not self.response.is_closed:
             with anyio.move_on_after(min(_DRAIN_AFTER_DONE, max(self._call.remaining(), 0))):
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     async for _ in self._bytes:
                         pass
-                except httpx.HTTPError:
-                    pass
         await self.aclose()
 
     async def aclose(self) -> None:
         """Stop the stream and release its connection. Safe to call more than once."""
         if not self._closed:
             self._closed = True
+            with anyio.move_on_after(_CLOSE_BOUND, shield=True):
+                # Finalise the body iterator now rather than at garbage collection.
+                await self._bytes.aclose()
             await close_response(self.response)
 
     async def __aenter__(self) -> AsyncStream:

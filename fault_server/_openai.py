@@ -1,0 +1,334 @@
+"""Builders for the healthy OpenAI-compatible responses that every fault starts from.
+
+Nothing here touches a socket: a request body goes in, a `Whole` response or an
+`EventStream` of complete SSE frames comes out, and the faults decide how (badly) to
+deliver it. Content is deterministic: ``echo:`` and the words of the last user message, cut
+or padded to the requested number of tokens, so a test can assert exactly what it reads.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DONE",
+    "MODELS",
+    "ChatRequest",
+    "EventStream",
+    "RequestError",
+    "Whole",
+    "completion",
+    "completion_stream",
+    "error",
+    "huge_completion",
+    "huge_stream_line",
+    "models",
+    "parse_chat",
+]
+
+MODELS = ("fault-model", "gpt-4o-mini")
+_MODEL_CREATED = 1_700_000_000
+_FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+_MAX_WORD = 40
+DONE = b"data: [DONE]\n\n"
+
+_ERROR_TYPES = {
+    400: ("invalid_request_error", "invalid_request"),
+    401: ("authentication_error", "invalid_api_key"),
+    403: ("permission_error", "permission_denied"),
+    404: ("not_found_error", "not_found"),
+    409: ("conflict_error", "conflict"),
+    413: ("invalid_request_error", "request_too_large"),
+    422: ("invalid_request_error", "unprocessable_entity"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+}
+
+
+class RequestError(ValueError):
+    """The request body is not a chat completion request this server can answer."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """A response sent in one piece: status, body and its content type."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class EventStream:
+    """A streamed completion as complete SSE frames.
+
+    ``events[0]`` is the role chunk, ``events[1 : 1 + content]`` carry the content (or the
+    tool call's argument pieces), then come the finish chunk, the usage chunk if asked for,
+    and ``data: [DONE]``.
+    """
+
+    id: str
+    model: str
+    created: int
+    events: tuple[bytes, ...]
+    content: int
+
+    @property
+    def body(self) -> bytes:
+        """The whole stream as one body."""
+        return b"".join(self.events)
+
+    def head(self, after: int) -> tuple[bytes, ...]:
+        """The role chunk and the first ``after`` content chunks."""
+        return self.events[: 1 + min(after, self.content)]
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        """One more well-formed chunk frame of this completion."""
+        return _frame(_chunk(self.id, self.model, self.created, delta, finish_reason))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """What the healthy answer depends on, read from a chat completion request."""
+
+    model: str
+    text: str
+    prompt_tokens: int
+    stream: bool = False
+    include_usage: bool = False
+    tool_name: str | None = None
+    max_tokens: int | None = None
+
+
+def parse_chat(body: bytes) -> ChatRequest:
+    """Read a ``POST /v1/chat/completions`` body.
+
+    Raises:
+        RequestError: the body is not JSON, or a field has the wrong type.
+    """
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError("request body must be a JSON object")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("'model' must be a non-empty string", "model")
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise RequestError("'messages' must be a list of objects", "messages")
+    texts = [_text_of(m.get("content")) for m in messages]
+    last_user = ""
+    for message, text in zip(messages, texts, strict=True):
+        if message.get("role") == "user":
+            last_user = text
+    options = data.get("stream_options")
+    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 0):
+        raise RequestError("'max_tokens' must be a non-negative integer", "max_tokens")
+    return ChatRequest(
+        model=model,
+        text=last_user,
+        prompt_tokens=sum(len(t.split()) for t in texts),
+        stream=data.get("stream") is True,
+        include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        tool_name=_first_tool(data),
+        max_tokens=max_tokens,
+    )
+
+
+def completion(req: ChatRequest, tokens: int) -> Whole:
+    """The non-streamed ``chat.completion`` answering ``req`` with ``tokens`` tokens."""
+    pieces, finish = _pieces(req, tokens)
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(pieces), "refusal": None}
+    if req.tool_name is not None:
+        message["content"] = None
+        message["tool_calls"] = [_tool_call(req.tool_name, "".join(pieces))]
+    payload = {
+        "id": _new_id(),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": _usage(req, len(pieces)),
+    }
+    return Whole(200, _json(payload))
+
+
+def completion_stream(req: ChatRequest, tokens: int) -> EventStream:
+    """The streamed ``chat.completion.chunk`` frames answering ``req``."""
+    cid, created = _new_id(), int(time.time())
+    pieces, finish = _pieces(req, tokens)
+    extra: dict[str, Any] = {"usage": None} if req.include_usage else {}
+
+    def frame(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        return _frame(_chunk(cid, req.model, created, delta, finish_reason) | extra)
+
+    if req.tool_name is None:
+        events = [frame({"role": "assistant", "content": ""})]
+        events += [frame({"content": piece}) for piece in pieces]
+    else:
+        call = _tool_call(req.tool_name, "")
+        events = [frame({"role": "assistant", "content": None, "tool_calls": [call | _I0]})]
+        events += [
+            frame({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}) for p in pieces
+        ]
+    events.append(frame({}, finish))
+    if req.include_usage:
+        usage = _chunk(cid, req.model, created, {}, None)
+        usage["choices"] = []
+        usage["usage"] = _usage(req, len(pieces))
+        events.append(_frame(usage))
+    events.append(DONE)
+    return EventStream(cid, req.model, created, tuple(events), len(pieces))
+
+
+def models() -> Whole:
+    """The ``GET /v1/models`` list."""
+    data = [
+        {"id": m, "object": "model", "created": _MODEL_CREATED, "owned_by": "fault_server"}
+        for m in MODELS
+    ]
+    return Whole(200, _json({"object": "list", "data": data}))
+
+
+def error(status: int, message: str, *, code: str | None = None, param: str | None = None) -> Whole:
+    """An OpenAI-shaped ``{"error": {...}}`` response."""
+    etype, default_code = _ERROR_TYPES.get(
+        status, ("server_error", "server_error") if status >= 500 else ("api_error", "error")
+    )
+    body = {"message": message, "type": etype, "param": param, "code": code or default_code}
+    return Whole(status, _json({"error": body}))
+
+
+def huge_completion(model: str, size: int) -> tuple[int, Iterator[bytes]]:
+    """A valid completion JSON of exactly ``max(size, minimum)`` bytes, made as it is read.
+
+    Returns the length and an iterator of pieces of at most 64 KiB, so that 64 MiB never sit
+    in memory at once.
+    """
+    payload = {
+        "id": _new_id(),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "\x00"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+    return _padded(_json(payload), b"\\u0000", size)
+
+
+def huge_stream_line(model: str, size: int) -> tuple[int, Iterator[bytes]]:
+    """One ``data: {chunk}`` SSE line of ``max(size, minimum)`` bytes, without its newlines."""
+    chunk = _chunk(_new_id(), model, int(time.time()), {"content": "\x00"}, None)
+    return _padded(b"data: " + _json(chunk), b"\\u0000", size)
+
+
+def _padded(template: bytes, hole: bytes, size: int) -> tuple[int, Iterator[bytes]]:
+    prefix, _, suffix = template.partition(hole)
+    fill = max(0, size - len(prefix) - len(suffix))
+    unit = b"lorem ipsum " * 5461  # 65,532 bytes of plain JSON-safe text.
+
+    def pieces() -> Iterator[bytes]:
+        yield prefix
+        left = fill
+        while left > 0:
+            piece = unit[:left]
+            left -= len(piece)
+            yield piece
+        yield suffix
+
+    return len(prefix) + fill + len(suffix), pieces()
+
+
+_I0 = {"index": 0}
+
+
+def _pieces(req: ChatRequest, tokens: int) -> tuple[list[str], str]:
+    finish = "stop"
+    if req.max_tokens is not None and req.max_tokens < tokens:
+        tokens, finish = req.max_tokens, "length"
+    words = [w[:_MAX_WORD] for w in ("echo: " + req.text).split()][:tokens]
+    real = len(words)
+    while len(words) < tokens:
+        words.append(_FILLER[(len(words) - real) % len(_FILLER)])
+    if req.tool_name is None:
+        return [w if i == 0 else " " + w for i, w in enumerate(words)], finish
+    arguments = json.dumps({"text": " ".join(words)})
+    step = max(1, -(-len(arguments) // max(1, tokens)))
+    pieces = [arguments[i : i + step] for i in range(0, len(arguments), step)]
+    return pieces, "tool_calls"
+
+
+def _tool_call(name: str, arguments: str) -> dict[str, Any]:
+    call_id = "call_" + secrets.token_hex(12)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _first_tool(data: dict[str, Any]) -> str | None:
+    tools = data.get("tools")
+    if not isinstance(tools, list) or not tools or data.get("tool_choice") == "none":
+        return None
+    first = tools[0]
+    function = first.get("function") if isinstance(first, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise RequestError("'tools[0].function.name' must be a non-empty string", "tools")
+    return name
+
+
+def _text_of(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        return " ".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def _usage(req: ChatRequest, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": req.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": req.prompt_tokens + completion_tokens,
+    }
+
+
+def _chunk(
+    cid: str, model: str, created: int, delta: dict[str, Any], finish_reason: str | None
+) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+
+
+def _frame(payload: dict[str, Any]) -> bytes:
+    return b"data: " + _json(payload) + b"\n\n"
+
+
+def _json(payload: object) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def _new_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(12)

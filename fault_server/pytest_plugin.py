@@ -1,0 +1,47 @@
+"""Pytest fixtures for the fault server (the ``fault_server`` pytest11 entry point).
+
+- ``fault_server`` (session): a `ServerThread` on a free loopback port, shared by every test.
+  It runs its own asyncio loop in a daemon thread, so sync, asyncio and trio tests can all use
+  it, and a test whose client blocks cannot stall it.
+- ``fault_key`` (function): a key unique to the test, so that ``key=...;first=N`` sequences
+  and `key_stats` never mix between tests (or between runs of a shared server).
+
+The ``fault_server_max_hold`` ini option caps every fault's ``hold`` (default 30 s).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from ._runner import ServerThread, running
+
+__all__ = ["fault_key", "fault_server"]
+
+_DEFAULT_MAX_HOLD = 30.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "fault_server_max_hold",
+        "Most seconds any fault of the fault_server fixture keeps a connection (default 30).",
+        default=str(_DEFAULT_MAX_HOLD),
+    )
+
+
+@pytest.fixture(scope="session")
+def fault_server(pytestconfig: pytest.Config) -> Iterator[ServerThread]:
+    """A fault server on 127.0.0.1 and a free port, for the whole session."""
+    max_hold = float(pytestconfig.getini("fault_server_max_hold"))
+    with running(host="127.0.0.1", port=0, max_hold=max_hold) as srv:
+        yield srv
+
+
+@pytest.fixture
+def fault_key(request: pytest.FixtureRequest) -> str:
+    """A key unique to this test: its name made URL-safe, and random hex."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name).strip("-")[:60]
+    return f"{name}-{secrets.token_hex(4)}"
