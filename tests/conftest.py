@@ -1,0 +1,73 @@
+"""Shared test helpers.
+
+The `fault_server` fixture (one server per session, in its own thread) and `fault_key`
+come from our pytest plugin, `fault_server.pytest_plugin`, registered as an entry point.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+import stallproof
+
+# How far past its bound a call may end. The bounds are anyio deadlines, so on an idle
+# machine calls end within a few ms; the margin absorbs a noisy 2-core CI box.
+MARGIN = float(os.environ.get("STALLPROOF_TEST_MARGIN", "0.1"))
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@contextmanager
+def stopwatch() -> Iterator[list[float]]:
+    """`with stopwatch() as t: ...` then `t[0]` is the elapsed wall time in seconds."""
+    box = [0.0]
+    start = time.monotonic()
+    try:
+        yield box
+    finally:
+        box[0] = time.monotonic() - start
+
+
+def pool_state(client: stallproof.Client) -> dict[str, int]:
+    """Active/idle connections and queued requests in the client's httpcore pool."""
+    transport: Any = client._http._transport
+    pool = transport._pool
+    conns = list(pool.connections)
+    return {
+        "requests": len(pool._requests),
+        "active": sum(1 for c in conns if not c.is_idle() and not c.is_closed()),
+        "idle": sum(1 for c in conns if c.is_idle()),
+    }
+
+
+def assert_pool_clean(client: stallproof.Client) -> None:
+    """No request holds a slot and no connection is checked out."""
+    state = pool_state(client)
+    assert state["requests"] == 0, state
+    assert state["active"] == 0, state
+
+
+@pytest.fixture
+async def make_client() -> AsyncIterator[Any]:
+    """Factory of clients that are closed, and checked for leaks, at the end of the test."""
+    clients: list[stallproof.Client] = []
+
+    def factory(base_url: str, **kwargs: Any) -> stallproof.Client:
+        kwargs.setdefault("api_key", "sk-test-SECRET-0123456789")
+        client = stallproof.Client(base_url=base_url, **kwargs)
+        clients.append(client)
+        return client
+
+    yield factory
+    for client in clients:
+        assert_pool_clean(client)
+        await client.aclose()
