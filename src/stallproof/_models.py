@@ -33,7 +33,33 @@ M = TypeVar("M", bound="Model")
 
 
 def _kind(kind: object) -> Any:
+    """A field that is None when the server leaves it out."""
     return dataclasses.field(default=None, metadata={"kind": kind})
+
+
+def _always(kind: object) -> Any:
+    """A field that is never None, as in openai's types: an empty list or object if absent.
+
+    Keeps ``resp.choices[0].message.content`` type-checking under mypy --strict.
+    """
+    if isinstance(kind, list):
+        return dataclasses.field(default_factory=list, metadata={"kind": kind})
+    assert isinstance(kind, type) and issubclass(kind, Model)
+    return dataclasses.field(default_factory=lambda: kind(_raw={}), metadata={"kind": kind})
+
+
+_FIELDS: dict[type, tuple[tuple[str, object], ...]] = {}
+
+
+def _kinds_of(cls: type) -> tuple[tuple[str, object], ...]:
+    # dataclasses.fields() is slow enough to show up per streamed chunk: compute it once.
+    kinds = _FIELDS.get(cls)
+    if kinds is None:
+        kinds = tuple(
+            (f.name, f.metadata["kind"]) for f in dataclasses.fields(cls) if "kind" in f.metadata
+        )
+        _FIELDS[cls] = kinds
+    return kinds
 
 
 _TYPE_NAMES = {str: "str", int: "int", float: "number", bool: "bool", dict: "object"}
@@ -53,11 +79,11 @@ class Model:
                 f"{path or cls.__name__}: expected object, got {type(data).__name__}"
             )
         values: dict[str, Any] = {}
-        for field in dataclasses.fields(cls):
-            kind = field.metadata.get("kind")
-            if kind is None or field.name not in data:
-                continue
-            values[field.name] = _convert(kind, data[field.name], _join(path, field.name))
+        for name, kind in _kinds_of(cls):
+            if name in data:
+                value = _convert(kind, data[name], _join(path, name))
+                if value is not None or not _is_always(cls, name):
+                    values[name] = value
         return cls(_raw=data, **values)
 
     def __getattr__(self, name: str) -> Any:
@@ -73,6 +99,10 @@ class Model:
         return dict(self._raw)
 
     model_dump = to_dict  # the openai / pydantic spelling
+
+
+def _is_always(cls: type, name: str) -> bool:
+    return name in _ALWAYS.get(cls, ())
 
 
 def _join(path: str, name: str) -> str:
@@ -120,7 +150,7 @@ class Function(Model):
 class ChatCompletionMessageToolCall(Model):
     id: str | None = _kind(str)
     type: str | None = _kind(str)
-    function: Function | None = _kind(Function)
+    function: Function = _always(Function)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,7 +165,7 @@ class ChatCompletionMessage(Model):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Choice(Model):
     index: int | None = _kind(int)
-    message: ChatCompletionMessage | None = _kind(ChatCompletionMessage)
+    message: ChatCompletionMessage = _always(ChatCompletionMessage)
     finish_reason: str | None = _kind(str)
     logprobs: dict[str, Any] | None = _kind(dict)
 
@@ -148,7 +178,7 @@ class ChatCompletion(Model):
     object: str | None = _kind(str)
     created: int | None = _kind(int)
     model: str | None = _kind(str)
-    choices: list[Choice] | None = _kind([Choice])
+    choices: list[Choice] = _always([Choice])
     usage: Usage | None = _kind(Usage)
     system_fingerprint: str | None = _kind(str)
     service_tier: str | None = _kind(str)
@@ -165,7 +195,7 @@ class ChoiceDeltaToolCall(Model):
     index: int | None = _kind(int)
     id: str | None = _kind(str)
     type: str | None = _kind(str)
-    function: ChoiceDeltaToolCallFunction | None = _kind(ChoiceDeltaToolCallFunction)
+    function: ChoiceDeltaToolCallFunction = _always(ChoiceDeltaToolCallFunction)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -180,7 +210,7 @@ class ChoiceDelta(Model):
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChunkChoice(Model):
     index: int | None = _kind(int)
-    delta: ChoiceDelta | None = _kind(ChoiceDelta)
+    delta: ChoiceDelta = _always(ChoiceDelta)
     finish_reason: str | None = _kind(str)
     logprobs: dict[str, Any] | None = _kind(dict)
 
@@ -204,7 +234,7 @@ class ChatCompletionChunk(Model):
     object: str | None = _kind(str)
     created: int | None = _kind(int)
     model: str | None = _kind(str)
-    choices: list[ChunkChoice] | None = _kind([ChunkChoice])
+    choices: list[ChunkChoice] = _always([ChunkChoice])
     usage: Usage | None = _kind(Usage)
     system_fingerprint: str | None = _kind(str)
 
@@ -217,13 +247,26 @@ class ChatCompletionChunk(Model):
         """
         if self.usage is not None:
             return True
-        for choice in self.choices or ():
+        for choice in self.choices:
             if choice.finish_reason:
                 return True
-            delta = choice.delta
-            if delta is None:
-                continue
-            raw = delta._raw
+            raw = choice.delta._raw
             if any(raw.get(name) for name in _CONTENT_FIELDS):
                 return True
         return False
+
+
+# Fields that are never None: a JSON null there is read as "absent" (empty list / object).
+_ALWAYS: dict[type, frozenset[str]] = {
+    cls: frozenset(
+        f.name for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING
+    )
+    for cls in (
+        ChatCompletionMessageToolCall,
+        Choice,
+        ChatCompletion,
+        ChoiceDeltaToolCall,
+        ChunkChoice,
+        ChatCompletionChunk,
+    )
+}

@@ -3,15 +3,19 @@
 Follows the WHATWG event-stream rules that matter for LLM streams: lines end in CRLF, LF or
 CR; ``:`` starts a comment; several ``data:`` lines join with ``\\n``; a blank line
 dispatches the event. Bytes are fed as they arrive; memory is bounded by ``max_line_bytes``
-per line (and the caller's total cap), never by what the server chooses to send.
+per line and per event, never by what the server chooses to send.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 
 __all__ = ["LineTooLong", "SSEDecoder", "ServerSentEvent"]
+
+# One line ending: CRLF, LF, or a lone CR. Searched with the C regex engine, not in Python.
+_EOL = re.compile(rb"\r\n|\n|\r")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -22,7 +26,7 @@ class ServerSentEvent:
 
 
 class LineTooLong(Exception):
-    """A line passed the decoder's cap; the caller turns this into `ResponseTooLarge`."""
+    """A line or event passed the decoder's cap; the caller raises `ResponseTooLarge`."""
 
 
 class SSEDecoder:
@@ -30,54 +34,40 @@ class SSEDecoder:
 
     def __init__(self, max_line_bytes: int) -> None:
         self._max = max_line_bytes
-        self._buf = bytearray()
+        self._buf = b""
         self._data: list[str] = []
+        self._data_bytes = 0
         self._event = ""
         self._id: str | None = None
-        self._pending_cr = False
-        self._data_bytes = 0
         self.comments = 0
 
     def feed(self, chunk: bytes) -> Iterator[ServerSentEvent]:
         """Decode ``chunk`` and yield every event it completes.
 
         Raises:
-            LineTooLong: a single line is longer than ``max_line_bytes``.
+            LineTooLong: a line, or the data of one event, is longer than ``max_line_bytes``.
         """
-        buf = self._buf
+        buf = self._buf + chunk if self._buf else chunk
         start = 0
-        n = len(chunk)
-        if self._pending_cr and n and chunk[0:1] == b"\n":
-            start = 1  # the LF of a CRLF split across two reads
-        self._pending_cr = False
-        i = start
-        while i < n:
-            b = chunk[i]
-            if b == 0x0A or b == 0x0D:  # LF or CR
-                buf += chunk[start:i]
-                if len(buf) > self._max:
-                    raise LineTooLong(len(buf))
-                event = self._line(bytes(buf))
-                buf.clear()
-                if b == 0x0D:
-                    if i + 1 < n:
-                        if chunk[i + 1] == 0x0A:
-                            i += 1
-                    else:
-                        self._pending_cr = True
-                i += 1
-                start = i
-                if event is not None:
-                    yield event
-                continue
-            i += 1
-        buf += chunk[start:]
-        if len(buf) > self._max:
-            raise LineTooLong(len(buf))
+        n = len(buf)
+        for match in _EOL.finditer(buf):
+            end = match.start()
+            if match.group() == b"\r" and match.end() == n:
+                # A CR at the very end may be the first half of a CRLF: wait for more.
+                break
+            event = self._line(buf[start:end])
+            start = match.end()
+            if event is not None:
+                yield event
+        rest = buf[start:]
+        if len(rest) > self._max:
+            raise LineTooLong(len(rest))
+        self._buf = rest
 
     def _line(self, raw: bytes) -> ServerSentEvent | None:
-        line = raw.decode("utf-8", errors="replace")
-        if not line:
+        if len(raw) > self._max:
+            raise LineTooLong(len(raw))
+        if not raw:
             if not self._data and not self._event:
                 return None
             event = ServerSentEvent(
@@ -87,9 +77,10 @@ class SSEDecoder:
             self._data_bytes = 0
             self._event = ""
             return event
-        if line.startswith(":"):
+        if raw[0] == 0x3A:  # ":" comment, the usual keep-alive
             self.comments += 1
             return None
+        line = raw.decode("utf-8", errors="replace")
         field, sep, value = line.partition(":")
         if sep and value.startswith(" "):
             value = value[1:]

@@ -175,7 +175,7 @@ class AsyncStream:
         if event.event not in ("message", "chunk"):
             return None  # other named events (pings, metadata) are not chunks
         chunk = ChatCompletionChunk.from_dict(obj, "chunk")
-        if any(c.finish_reason for c in chunk.choices or ()):
+        if any(c.finish_reason for c in chunk.choices):
             self._finished = True
         return chunk
 
