@@ -58,11 +58,16 @@ def assert_pool_clean(client: stallproof.Client) -> None:
 
 @pytest.fixture
 async def make_client() -> AsyncIterator[Any]:
-    """Factory of clients that are closed, and checked for leaks, at the end of the test."""
+    """Factory of clients that are closed, and checked for leaks, at the end of the test.
+
+    Clients make one attempt per call unless the test passes ``retry=``, so a bound test
+    sees exactly the bound it set up; retries have their own tests.
+    """
     clients: list[stallproof.Client] = []
 
     def factory(base_url: str, **kwargs: Any) -> stallproof.Client:
         kwargs.setdefault("api_key", "sk-test-SECRET-0123456789")
+        kwargs.setdefault("retry", None)
         client = stallproof.Client(base_url=base_url, **kwargs)
         clients.append(client)
         return client

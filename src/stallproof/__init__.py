@@ -4,12 +4,14 @@ Every call is bounded in every phase (connect, read, write, pool wait, time to f
 stream idle) and by one total deadline that covers them all.
 """
 
+from ._breaker import Breaker, CircuitState
 from ._client import Chat, Client, Completions
 from ._config import UNSET, Limits, Timeouts
 from ._exceptions import (
     APIStatusError,
     AuthenticationError,
     BadRequestError,
+    CircuitOpen,
     ConflictError,
     ConnectError,
     ConnectionLost,
@@ -26,6 +28,7 @@ from ._exceptions import (
     RateLimitError,
     ReadTimeout,
     ResponseTooLarge,
+    RetryWouldExceedDeadline,
     StallproofError,
     StreamErrorEvent,
     TimeoutException,
@@ -48,6 +51,7 @@ from ._models import (
     Function,
     Usage,
 )
+from ._retry import DEFAULT_RETRY_STATUSES, Retry, RetryBudget
 from ._stream import AsyncStream
 
 __version__ = "0.1.0"
@@ -57,6 +61,7 @@ __all__ = [
     "AsyncStream",
     "AuthenticationError",
     "BadRequestError",
+    "Breaker",
     "Chat",
     "ChatCompletion",
     "ChatCompletionChunk",
@@ -67,12 +72,15 @@ __all__ = [
     "ChoiceDeltaToolCall",
     "ChoiceDeltaToolCallFunction",
     "ChunkChoice",
+    "CircuitOpen",
+    "CircuitState",
     "Client",
     "Completions",
     "ConflictError",
     "ConnectError",
     "ConnectionLost",
     "ConnectTimeout",
+    "DEFAULT_RETRY_STATUSES",
     "FirstTokenTimeout",
     "Function",
     "IdleTimeout",
@@ -87,6 +95,9 @@ __all__ = [
     "RateLimitError",
     "ReadTimeout",
     "ResponseTooLarge",
+    "Retry",
+    "RetryBudget",
+    "RetryWouldExceedDeadline",
     "StallproofError",
     "StreamErrorEvent",
     "TimeoutException",

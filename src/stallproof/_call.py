@@ -9,6 +9,7 @@ from httpcore's ``trace`` request extension, not from guessing.
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -57,6 +58,7 @@ class Call:
         self.sent_at: float | None = None
         self.headers_received = False
         self.server_request_id: str | None = None
+        self.attempt = 1
         self._scope: anyio.CancelScope | None = None
         self._bound = "total"
 
@@ -76,11 +78,24 @@ class Call:
     # -- bounds --------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def bounded(self, bound: str | None = None, deadline: float | None = None) -> Iterator[None]:
-        """Run the body under the total deadline (and an earlier one for ``bound``, if given).
+    def total_scope(self) -> Iterator[None]:
+        """Run the body under the call's total deadline; raise `TotalTimeout` when it fires.
 
-        Raises the `TimeoutException` of whichever bound fired. A cancellation from outside
-        (the caller's own scope) passes through untouched.
+        Opened once around everything a call does (every attempt, every retry wait) and
+        again around each step of a stream's iteration. A cancellation from outside (the
+        caller's own scope) passes through untouched.
+        """
+        with anyio.CancelScope(deadline=self.total_deadline) as scope:
+            yield
+        if scope.cancelled_caught:
+            raise self.timeout_error("total")
+
+    @contextlib.contextmanager
+    def bounded(self, bound: str | None = None, deadline: float | None = None) -> Iterator[None]:
+        """Run the body under a phase bound (first_token or idle) that `rearm` can move.
+
+        Nested inside `total_scope`, so the phase bound fails one attempt (which a retry
+        may repeat) while total ends the call.
         """
         with anyio.CancelScope() as scope:
             self._scope = scope
@@ -93,7 +108,7 @@ class Call:
             raise self.timeout_error(self._bound)
 
     def rearm(self, bound: str | None, deadline: float | None = None) -> None:
-        """Change the extra bound of the running `bounded` block (None: total only)."""
+        """Change the phase bound of the running `bounded` block (None: no phase bound)."""
         if self._scope is not None:
             self._arm(bound, deadline)
 
@@ -103,8 +118,17 @@ class Call:
             self._scope.deadline = deadline
             self._bound = bound
         else:
-            self._scope.deadline = self.total_deadline
+            # Total alone applies; the enclosing total_scope enforces it.
+            self._scope.deadline = math.inf
             self._bound = "total"
+
+    def start_attempt(self, attempt: int) -> None:
+        """Reset what one attempt learns (a retry starts from the pool again)."""
+        self.attempt = attempt
+        self.sent_at = None
+        self.headers_received = False
+        self.server_request_id = None
+        self.set_phase("pool wait")
 
     def timeout_error(self, bound: str, limit: float | None = None) -> exc.TimeoutException:
         cls = exc.TIMEOUT_CLASSES[bound]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
+import random
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal, overload
@@ -12,15 +14,18 @@ from typing import Any, Literal, overload
 import httpx
 
 from . import _exceptions as exc
+from ._breaker import Breaker, BreakerRegistry, CircuitState
 from ._call import Call, new_request_id
 from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
 from ._models import ChatCompletion
+from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
 from ._status import read_status_error
 from ._stream import AsyncStream, close_response
 
 __all__ = ["Chat", "Client", "Completions"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+_NO_RETRY = Retry(attempts=1)
 _USER_AGENT = "stallproof/0.1"
 
 
@@ -36,6 +41,12 @@ class Client:
         timeout: the default bounds of every call: a number (the total budget in seconds)
             or a `Timeouts`. Each call may override it with ``create(..., timeout=...)``.
         limits: size caps and pool size (`Limits`).
+        retry: the default `Retry` policy (3 attempts); None never retries. Each call may
+            override it with ``create(..., retry=...)``. Retries always fit in ``total``.
+        retry_budget: the `RetryBudget` shared by every call of this client; None lets
+            every call retry as its policy says, even when everything is failing.
+        breaker: a `Breaker` policy to keep one circuit breaker per upstream; None (the
+            default) sends every call.
         default_headers: extra headers sent with every request.
         http_client: an ``httpx.AsyncClient`` to use instead of the client's own. Its own
             timeouts are overridden per request by ours; it is not closed by `aclose`.
@@ -54,6 +65,9 @@ class Client:
         api_key: str | None = None,
         timeout: TimeoutTypes = Timeouts(),  # noqa: B008 - frozen and immutable
         limits: Limits = Limits(),  # noqa: B008 - frozen and immutable
+        retry: Retry | None = Retry(),  # noqa: B008 - frozen and immutable
+        retry_budget: RetryBudget | None = RetryBudget(),  # noqa: B008 - frozen and immutable
+        breaker: Breaker | None = None,
         default_headers: Mapping[str, str] | None = None,
         http_client: httpx.AsyncClient | None = None,
         trust_env: bool = True,
@@ -75,6 +89,7 @@ class Client:
                 f"base_url must be an absolute http(s) URL, got {str(base_url)!r}"
             )
         self.base_url = url.copy_with(path=url.path.rstrip("/") + "/")
+        self._upstream = str(self.base_url)
         self.timeout = Timeouts.coerce(timeout)
         self.limits = limits
         self._api_key = api_key
@@ -93,7 +108,22 @@ class Client:
             trust_env=trust_env,
             follow_redirects=False,
         )
+        if retry is not None and not isinstance(retry, Retry):
+            raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
+        self.retry = retry or _NO_RETRY
+        self._bucket = TokenBucket(retry_budget) if retry_budget is not None else None
+        self._breakers = BreakerRegistry(breaker) if breaker is not None else None
+        self._rng = random.Random()
         self.chat = Chat(self)
+
+    @property
+    def retry_tokens(self) -> float | None:
+        """Tokens left in the client's retry budget (None without a budget)."""
+        return self._bucket.tokens if self._bucket is not None else None
+
+    def circuits(self) -> dict[str, CircuitState]:
+        """A snapshot of every upstream's circuit breaker (empty without a `Breaker`)."""
+        return self._breakers.snapshot() if self._breakers is not None else {}
 
     @property
     def api_key(self) -> str | None:
@@ -163,18 +193,62 @@ class Client:
         request.stream = _Body(content)
         return request
 
+    def _resolve_retry(self, retry: Retry | Unset | None) -> Retry:
+        if retry is UNSET:
+            return self.retry
+        if retry is None:
+            return _NO_RETRY
+        if not isinstance(retry, Retry):
+            raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
+        return retry
+
     async def _chat(
         self,
         body: dict[str, Any],
         *,
         stream: bool,
         timeout: TimeoutTypes | Unset | None,
+        retry: Retry | Unset | None,
         extra_headers: Mapping[str, str] | None,
         extra_query: Mapping[str, Any] | None,
     ) -> ChatCompletion | AsyncStream:
+        circuit = None
+        if self._breakers is not None:
+            circuit = self._breakers.circuit(self._upstream, str(body["model"]))
+            circuit.check()  # while open, fail before doing any work at all
         timeouts = self._resolve_timeouts(timeout)
+        policy = self._resolve_retry(retry)
         call = Call(timeouts, new_request_id(), stream=stream)
         request = self._build_request("chat/completions", body, call, extra_headers, extra_query)
+        if policy.attempts > 1 and "idempotency-key" not in request.headers:
+            # The same key on every attempt lets a server drop a duplicate it already ran.
+            request.headers["idempotency-key"] = f"stallproof-{call.request_id}"
+        retrying = make_retrying(policy, call, self._bucket, rng=self._rng)
+        attempts = itertools.count(1)
+
+        async def attempt() -> ChatCompletion | AsyncStream:
+            n = next(attempts)
+            call.start_attempt(n)
+            request.headers["x-stallproof-attempt"] = f"{n}/{policy.attempts}"
+            ticket = circuit.admit() if circuit is not None else None
+            try:
+                result = await self._attempt(request, call)
+            except BaseException as e:
+                if ticket is not None:
+                    ticket.failure(e, deadline_expired=call.remaining() <= 0)
+                raise
+            if ticket is not None:
+                ticket.success()
+            return result
+
+        with call.total_scope():
+            result: ChatCompletion | AsyncStream = await retrying(attempt)
+        if self._bucket is not None:
+            self._bucket.record_success()
+        return result
+
+    async def _attempt(self, request: httpx.Request, call: Call) -> ChatCompletion | AsyncStream:
+        """One attempt: send, check the status, read the body or the stream's first content."""
         response: httpx.Response | None = None
         handed_over = False
         try:
@@ -186,18 +260,20 @@ class Client:
                 ) or response.headers.get("request-id")
                 if response.status_code >= 300:
                     raise await read_status_error(response, call, self.limits.max_error_body_bytes)
-                if stream:
-                    ctype = response.headers.get("content-type", "")
-                    if ctype.startswith("application/json"):
-                        raise call.error(
-                            exc.MalformedResponse,
-                            "asked for a stream but the server answered with a JSON body",
-                        )
-                    result: ChatCompletion | AsyncStream = AsyncStream(response, call, self.limits)
-                    handed_over = True
-                else:
-                    result = await self._read_completion(response, call)
-            return result
+                if not call.stream:
+                    return await self._read_completion(response, call)
+                ctype = response.headers.get("content-type", "")
+                if ctype.startswith("application/json"):
+                    raise call.error(
+                        exc.MalformedResponse,
+                        "asked for a stream but the server answered with a JSON body",
+                    )
+                stream = AsyncStream(response, call, self.limits)
+                # Read up to the first content chunk here, inside the attempt: until then a
+                # failure can still be retried, because the caller has seen nothing.
+                await stream._prefetch()
+                handed_over = True
+                return stream
         finally:
             if response is not None and not handed_over:
                 await close_response(response)
@@ -280,6 +356,7 @@ class Completions:
         model: str,
         stream: Literal[False] = False,
         timeout: TimeoutTypes | Unset | None = UNSET,
+        retry: Retry | Unset | None = UNSET,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -294,6 +371,7 @@ class Completions:
         model: str,
         stream: Literal[True],
         timeout: TimeoutTypes | Unset | None = UNSET,
+        retry: Retry | Unset | None = UNSET,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -308,6 +386,7 @@ class Completions:
         model: str,
         stream: bool,
         timeout: TimeoutTypes | Unset | None = UNSET,
+        retry: Retry | Unset | None = UNSET,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -321,6 +400,7 @@ class Completions:
         model: str,
         stream: bool = False,
         timeout: TimeoutTypes | Unset | None = UNSET,
+        retry: Retry | Unset | None = UNSET,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -331,7 +411,7 @@ class Completions:
         Takes openai's keyword arguments (tools, tool_choice, response_format, temperature,
         max_tokens, stop, stream_options, ...) and passes any others through into the JSON
         body. ``timeout`` overrides the client's bounds for this call: a number replaces
-        only the total budget.
+        only the total budget. ``retry`` overrides the client's `Retry` (None: one attempt).
 
         Raises:
             TimeoutException: a bound fired (the subclass names it).
@@ -343,6 +423,7 @@ class Completions:
             body,
             stream=stream,
             timeout=timeout,
+            retry=retry,
             extra_headers=extra_headers,
             extra_query=extra_query,
         )

@@ -10,6 +10,7 @@ StallproofError
 │   ├── FirstTokenTimeout          no content within `first_token` of sending
 │   ├── IdleTimeout                no content event for `idle` mid-stream
 │   └── TotalTimeout               the call's whole budget (`total`) ran out
+│       └── RetryWouldExceedDeadline   the next retry's wait would not fit in the time left
 ├── TransportError                 the connection failed underneath us
 │   ├── ConnectError               could not connect (refused, unreachable, DNS)
 │   └── ConnectionLost             reset or closed before a response was complete
@@ -23,6 +24,7 @@ StallproofError
 │   ├── RateLimitError (429)
 │   └── InternalServerError (>= 500)
 ├── StreamErrorEvent               the server sent an error event inside a 200 stream
+├── CircuitOpen                    the upstream's circuit breaker is open: not sent at all
 └── InvalidRequestError            bad arguments from the caller (also a ValueError)
 ```
 
@@ -39,6 +41,7 @@ __all__ = [
     "APIStatusError",
     "AuthenticationError",
     "BadRequestError",
+    "CircuitOpen",
     "ConflictError",
     "ConnectError",
     "ConnectTimeout",
@@ -55,6 +58,7 @@ __all__ = [
     "RateLimitError",
     "ReadTimeout",
     "ResponseTooLarge",
+    "RetryWouldExceedDeadline",
     "StallproofError",
     "StreamErrorEvent",
     "TimeoutException",
@@ -180,6 +184,39 @@ class TotalTimeout(TimeoutException):
     """The whole call, retries, waits and stream included, ran past ``Timeouts.total``."""
 
     bound = "total"
+
+
+class RetryWouldExceedDeadline(TotalTimeout):
+    """A retry was due, but its wait (backoff or the server's Retry-After) would not fit in
+    the time left, so the call failed at once instead of sleeping into a certain timeout.
+
+    The error that ended the last attempt is ``__cause__``.
+
+    Attributes:
+        retry_after: the wait that did not fit, in seconds.
+        remaining: the time that was left of the total budget.
+    """
+
+    def __init__(
+        self, message: str, *, retry_after: float, remaining: float, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+        self.remaining = remaining
+
+
+class CircuitOpen(StallproofError):
+    """The upstream's circuit breaker is open; the request was not sent.
+
+    Attributes:
+        upstream: the breaker's key (base URL, and model if breakers are per model).
+        retry_in: seconds until the breaker lets one probe through (0 while a probe runs).
+    """
+
+    def __init__(self, message: str, *, upstream: str, retry_in: float, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.upstream = upstream
+        self.retry_in = retry_in
 
 
 class TransportError(StallproofError):

@@ -34,6 +34,8 @@ __all__ = ["AsyncStream"]
 _DRAIN_AFTER_DONE = 0.25
 # Closing is local work (a socket close), but it is bounded too.
 _CLOSE_BOUND = 5.0
+# Non-content chunks kept from before the first content chunk.
+_MAX_BUFFERED = 8
 
 
 async def close_response(response: httpx.Response) -> None:
@@ -62,6 +64,8 @@ class AsyncStream:
         # content chunk (idle).
         self._waited = anyio.current_time() - (call.sent_at or call.started)
         self._seen_content = False
+        # Chunks read before the first content chunk, during the attempt (see _prefetch).
+        self._buffered: deque[ChatCompletionChunk] = deque()
         self._finished = False
         self._done = False
         self._closed = False
@@ -95,15 +99,42 @@ class AsyncStream:
             raise StopAsyncIteration
         return chunk
 
+    async def _prefetch(self) -> None:
+        """Read up to and including the first content chunk (or the end), keeping them.
+
+        Runs inside the client's attempt, under its first_token bound, so anything that
+        goes wrong before content can still be retried.
+        """
+        while (chunk := await self._read_chunk()) is not None:
+            if chunk.has_content:
+                self._buffered.append(chunk)
+                self._seen_content = True
+                self._waited = 0.0
+                return
+            # Keep the first few (the role chunk); keep-alive deltas carry nothing, and a
+            # server sending them forever must not grow memory.
+            if len(self._buffered) < _MAX_BUFFERED:
+                self._buffered.append(chunk)
+        self._done = True
+
     async def _next(self) -> ChatCompletionChunk | None:
-        if self._done or self._closed:
+        if self._closed:
+            return None
+        if self._buffered:
+            return self._buffered.popleft()
+        if self._done:
+            await self._finish()
             return None
         call = self._call
         t = call.timeouts
         bound, limit = ("idle", t.idle) if self._seen_content else ("first_token", t.first_token)
         start = anyio.current_time()
         try:
-            with call.bounded(bound, start + (limit - self._waited)), call.translate_errors():
+            with (
+                call.total_scope(),
+                call.bounded(bound, start + (limit - self._waited)),
+                call.translate_errors(),
+            ):
                 chunk = await self._read_chunk()
         except BaseException:
             await self.aclose()

@@ -1,0 +1,286 @@
+"""Circuit breakers per upstream, on pybreaker, made right for asyncio and trio.
+
+pybreaker has the state machine we want (closed -> open after ``fail_max`` consecutive
+failures -> half-open -> closed after ``success_threshold`` successes), its counters and
+its listeners. What it lacks for async callers (its ``call_async`` needs tornado, its
+decorator counts an ``async def`` as a success when the coroutine is *created*, and
+``with breaker.calling(): await ...`` lets every concurrent caller through in half-open
+and counts ``CancelledError`` as a failure) is handled here:
+
+* Admission and outcome are separate steps around the attempt (`Circuit.admit` returns a
+  `Ticket`; the ticket records how the attempt ended).
+* Exactly one probe in half-open: the ticket that moved the circuit to half-open is the
+  probe; every other caller gets `CircuitOpen` until it reports back.
+* The caller's own cancellation is no outcome at all. Our total deadline expiring is a
+  failure (the upstream was too slow). 4xx answers other than 408/429 are the caller's
+  fault and count as successes: the upstream is up.
+* A 429 carrying Retry-After opens the circuit for exactly that long (clamped to
+  ``max_open``), whatever the failure count: the server said when to come back.
+* Open time is measured on the event loop's monotonic clock (`anyio.current_time`), not
+  on pybreaker's wall-clock ``datetime``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import threading
+from collections.abc import Callable
+
+import anyio
+import pybreaker
+
+from . import _exceptions as exc
+
+__all__ = ["Breaker", "BreakerRegistry", "Circuit", "CircuitState", "Ticket"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Breaker:
+    """Circuit-breaker policy, one circuit per upstream.
+
+    Args:
+        fail_max: consecutive failed attempts that open the circuit. Default 5.
+        reset_timeout: seconds the circuit stays open before one probe is let through.
+            Default 30.
+        success_threshold: successful probes needed to close it again. Default 1.
+        per_model: keep a separate circuit per (base URL, model) instead of per base URL.
+            Default False.
+        max_open: the longest a server's Retry-After may hold the circuit open. Default 300.
+
+    Example:
+        >>> Client(base_url=..., breaker=Breaker(fail_max=3, reset_timeout=10))
+    """
+
+    fail_max: int = 5
+    reset_timeout: float = 30.0
+    success_threshold: int = 1
+    per_model: bool = False
+    max_open: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("fail_max", "success_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise exc.InvalidRequestError(f"Breaker.{name} must be an int >= 1, got {value!r}")
+        for name in ("reset_timeout", "max_open"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise exc.InvalidRequestError(
+                    f"Breaker.{name} must be a finite number > 0, got {value!r}"
+                )
+        if not isinstance(self.per_model, bool):
+            raise exc.InvalidRequestError(
+                f"Breaker.per_model must be a bool, got {self.per_model!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CircuitState:
+    """A snapshot of one circuit, from `Client.circuits()`."""
+
+    upstream: str
+    state: str  # "closed", "open" or "half-open"
+    failures: int
+    retry_in: float  # seconds until a probe may go (0 unless open)
+    probing: bool
+
+
+class Circuit:
+    """One upstream's breaker: pybreaker's state machine plus async-correct admission."""
+
+    def __init__(
+        self,
+        upstream: str,
+        policy: Breaker,
+        on_change: Callable[[str, str, str], None] | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.policy = policy
+        self._on_change = on_change
+        self._open_until = 0.0
+        self._open_for: float | None = None  # a Retry-After to use for the next opening
+        self._probing = False
+        self._lock = threading.Lock()
+        self._cb = pybreaker.CircuitBreaker(
+            fail_max=policy.fail_max,
+            reset_timeout=policy.reset_timeout,
+            success_threshold=policy.success_threshold,
+            listeners=[_Listener(self)],
+            name=upstream,
+            throw_new_error_on_trip=False,
+        )
+
+    @property
+    def state(self) -> str:
+        return str(self._cb.current_state)
+
+    def snapshot(self) -> CircuitState:
+        state = self.state
+        retry_in = max(0.0, self._open_until - anyio.current_time()) if state == "open" else 0.0
+        return CircuitState(self.upstream, state, self._cb.fail_counter, retry_in, self._probing)
+
+    def check(self) -> None:
+        """Raise `CircuitOpen` if an attempt would be refused now; cheap, takes no slot.
+
+        Called before a request is even built, so a refused call costs microseconds.
+        `admit` still decides (and takes the probe slot) when the attempt starts.
+        """
+        state = self.state
+        if state == pybreaker.STATE_OPEN:
+            left = self._open_until - anyio.current_time()
+            if left > 0:
+                raise self._refuse(left)
+        elif state == pybreaker.STATE_HALF_OPEN and self._probing:
+            raise self._refuse(0.0)
+
+    def admit(self) -> Ticket:
+        """Let an attempt through, or raise `CircuitOpen` at once (no I/O, no await)."""
+        with self._lock:
+            state = self.state
+            now = anyio.current_time()
+            if state == pybreaker.STATE_OPEN:
+                if now < self._open_until:
+                    raise self._refuse(self._open_until - now)
+                self._cb.half_open()
+                self._probing = True
+                return Ticket(self, probe=True)
+            if state == pybreaker.STATE_HALF_OPEN:
+                if self._probing:
+                    raise self._refuse(0.0)
+                self._probing = True
+                return Ticket(self, probe=True)
+            return Ticket(self, probe=False)
+
+    def _refuse(self, retry_in: float) -> exc.CircuitOpen:
+        when = f"probes in {retry_in:.3f}s" if retry_in > 0 else "a probe is in flight"
+        return exc.CircuitOpen(
+            f"circuit for {self.upstream} is open ({when})",
+            upstream=self.upstream,
+            retry_in=retry_in,
+        )
+
+    # -- outcomes, reported through a Ticket ------------------------------------------------
+
+    def _record(self, failed: bool, probe: bool, open_for: float | None = None) -> None:
+        with self._lock:
+            if probe:
+                self._probing = False
+            if open_for is not None:
+                self._open_for = min(open_for, self.policy.max_open)
+                if self.state != pybreaker.STATE_OPEN:
+                    self._cb.open()  # notifies the listener, which sets the open time
+                else:
+                    self._open_until = anyio.current_time() + self._open_for
+                    self._open_for = None
+                return
+            if self.state == pybreaker.STATE_OPEN:
+                return  # an attempt admitted before the circuit opened: no news
+            with contextlib.suppress(_AttemptFailed):
+                self._cb.call(_fail if failed else _succeed)
+
+    def _release(self, probe: bool) -> None:
+        with self._lock:
+            if probe:
+                self._probing = False
+
+    def _opened(self) -> None:
+        # Listener hook: pybreaker moved to open; start the clock on our monotonic time.
+        wait = self._open_for if self._open_for is not None else self.policy.reset_timeout
+        self._open_for = None
+        self._open_until = anyio.current_time() + wait
+
+
+class Ticket:
+    """One admitted attempt. Report exactly one outcome (later reports are ignored)."""
+
+    __slots__ = ("_circuit", "_done", "probe")
+
+    def __init__(self, circuit: Circuit, *, probe: bool) -> None:
+        self._circuit = circuit
+        self.probe = probe
+        self._done = False
+
+    def success(self) -> None:
+        if not self._done:
+            self._done = True
+            self._circuit._record(False, self.probe)
+
+    def failure(self, error: BaseException, *, deadline_expired: bool) -> None:
+        """Classify ``error`` and record it: failure, success, or no outcome."""
+        if self._done:
+            return
+        self._done = True
+        circuit = self._circuit
+        if isinstance(error, anyio.get_cancelled_exc_class()) and not deadline_expired:
+            circuit._release(self.probe)  # the caller gave up: says nothing about the server
+            return
+        if isinstance(error, exc.APIStatusError):
+            if error.status_code == 429 and error.retry_after is not None:
+                circuit._record(True, self.probe, open_for=error.retry_after)
+                return
+            if 400 <= error.status_code < 500 and error.status_code not in (408, 429):
+                circuit._record(False, self.probe)  # the caller's mistake; the server is up
+                return
+        if isinstance(error, (exc.InvalidRequestError, exc.CircuitOpen)):
+            circuit._release(self.probe)
+            return
+        circuit._record(True, self.probe)
+
+
+class BreakerRegistry:
+    """The circuits of one client, created on first use."""
+
+    def __init__(
+        self, policy: Breaker, on_change: Callable[[str, str, str], None] | None = None
+    ) -> None:
+        self.policy = policy
+        self._on_change = on_change
+        self._circuits: dict[str, Circuit] = {}
+        self._lock = threading.Lock()
+
+    def circuit(self, base_url: str, model: str) -> Circuit:
+        key = f"{base_url} model={model}" if self.policy.per_model else base_url
+        circuit = self._circuits.get(key)
+        if circuit is None:
+            with self._lock:
+                circuit = self._circuits.setdefault(key, Circuit(key, self.policy, self._on_change))
+        return circuit
+
+    def snapshot(self) -> dict[str, CircuitState]:
+        return {key: c.snapshot() for key, c in list(self._circuits.items())}
+
+
+class _AttemptFailed(Exception):
+    pass
+
+
+def _fail() -> None:
+    raise _AttemptFailed
+
+
+def _succeed() -> None:
+    return None
+
+
+class _Listener(pybreaker.CircuitBreakerListener):
+    def __init__(self, circuit: Circuit) -> None:
+        self._circuit = circuit
+
+    def state_change(
+        self,
+        cb: pybreaker.CircuitBreaker,
+        old_state: pybreaker.CircuitBreakerState | None,
+        new_state: pybreaker.CircuitBreakerState,
+    ) -> None:
+        if new_state.name == pybreaker.STATE_OPEN:
+            self._circuit._opened()
+        hook = self._circuit._on_change
+        if hook is not None:
+            hook(self._circuit.upstream, old_state.name if old_state else "", new_state.name)
