@@ -18,6 +18,8 @@ import socket
 import struct
 import time
 
+import anyio
+
 __all__ = ["Blackhole"]
 
 _MAX_FILLERS = 8
@@ -64,8 +66,9 @@ class Blackhole:
             filler = socket.socket(family, socket.SOCK_STREAM)
             filler.setblocking(False)
             try:
-                await asyncio.wait_for(loop.sock_connect(filler, address), _PROBE_TIMEOUT)
-            except (asyncio.TimeoutError, OSError):
+                with anyio.fail_after(_PROBE_TIMEOUT):
+                    await loop.sock_connect(filler, address)
+            except (TimeoutError, OSError):
                 filler.close()
                 break
             self._fillers.append(filler)

@@ -4,6 +4,13 @@ Bounds, all from the server's ``max_hold``: waiting for a request (keep-alive id
 one request (head and body together), and running one fault (its ``hold``, never more than
 ``max_hold``). A client that misbehaves gets an HTTP error where one can still be sent; a
 client that leaves ends its exchange; nothing here raises into the server.
+
+Every bound is an anyio cancel scope around code that runs in the connection's own task,
+never ``asyncio.wait_for``: before Python 3.12 that runs its coroutine in a task of its own,
+and when the caller is cancelled it cancels that task and waits for it without ever reading
+its outcome, so a fault that ended with `PeerGone` as the server shut down was reported as
+"Task exception was never retrieved". The only other task is the `PeerWatcher`'s, which is
+cancelled and awaited when the fault ends.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import logging
 import secrets
 import time
 
+import anyio
 import h11
 
 from ._behaviours import BEHAVIOURS
@@ -151,8 +159,9 @@ class Connection:
             if remaining <= 0:
                 raise _Closed
             try:
-                data = await asyncio.wait_for(self._reader.read(_READ_SIZE), remaining)
-            except (asyncio.TimeoutError, ConnectionError, OSError) as exc:
+                with anyio.fail_after(remaining):
+                    data = await self._reader.read(_READ_SIZE)
+            except (TimeoutError, ConnectionError, OSError) as exc:
                 raise _Closed from exc
             self._conn.receive_data(data)
 
@@ -253,16 +262,12 @@ class Connection:
             request_id=request_id,
         )
         behaviour = BEHAVIOURS[spec.name]
-
-        async def delayed() -> Outcome:
-            await exchange.sleep(spec.number("delay"))
-            return await behaviour(exchange)
-
         watcher.start()
         try:
-            return await asyncio.wait_for(delayed(), hold)
-        except asyncio.TimeoutError:
-            return Outcome.CLOSE
+            with anyio.move_on_after(hold):
+                await exchange.sleep(spec.number("delay"))
+                return await behaviour(exchange)
+            return Outcome.CLOSE  # hold ran out.
         except PeerGone:
             return Outcome.ABORTED
         finally:
@@ -293,12 +298,10 @@ class Connection:
         whole = error(413, f"request body larger than {MAX_BODY} bytes")
         if await self._send(whole, self._request_id(), close=True) is Outcome.ABORTED:
             raise _Closed
-        with contextlib.suppress(Exception):
+        with anyio.move_on_after(_LINGER), contextlib.suppress(Exception):
             self._writer.write_eof()
-            end = time.monotonic() + _LINGER
-            while (left := end - time.monotonic()) > 0:
-                if not await asyncio.wait_for(self._reader.read(_READ_SIZE), left):
-                    break
+            while await self._reader.read(_READ_SIZE):
+                pass
 
     async def _answer_broken_request(self, exc: h11.RemoteProtocolError) -> None:
         """A 4xx for a request h11 cannot parse, if a response can still be sent."""
@@ -333,8 +336,9 @@ class Connection:
             return
         self._writer.close()
         try:
-            await asyncio.wait_for(self._writer.wait_closed(), _CLOSE_FLUSH)
-        except (asyncio.TimeoutError, ConnectionError, OSError):
+            with anyio.fail_after(_CLOSE_FLUSH):
+                await self._writer.wait_closed()
+        except (TimeoutError, ConnectionError, OSError):
             transport.abort()
         except asyncio.CancelledError:
             transport.abort()

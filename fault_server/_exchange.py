@@ -14,18 +14,22 @@ import asyncio
 import contextlib
 import enum
 import http
+import logging
 import math
 import socket
 import struct
 from collections.abc import Iterable
 from typing import NoReturn
 
+import anyio
 import h11
 
 from ._faults import FaultSpec
 from ._openai import ChatRequest, EventStream, Whole, completion_stream
 
 __all__ = ["Exchange", "Outcome", "PeerGone", "PeerWatcher", "whole_bytes"]
+
+logger = logging.getLogger("fault_server")
 
 _WATCH_CAP = 1024 * 1024  # bytes the watcher buffers before it stops reading.
 _READ_SIZE = 65536
@@ -48,6 +52,11 @@ class PeerWatcher:
 
     It stops reading, without setting `gone`, once `_WATCH_CAP` bytes are buffered: past that
     the client's sends block, and only ``hold`` ends the exchange.
+
+    Its task is the only one a connection creates besides its own. `stop` cancels it and
+    waits for it; a done-callback reads its outcome, so that even when the waiting is itself
+    cancelled (the server shutting down), an error in it is logged and never left for
+    asyncio to report as "never retrieved".
     """
 
     def __init__(self, reader: asyncio.StreamReader, conn: h11.Connection) -> None:
@@ -57,14 +66,21 @@ class PeerWatcher:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        task = asyncio.get_running_loop().create_task(self._run(), name="fault_server.watch")
+        task.add_done_callback(_report_watcher)
+        self._task = task
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Cancel the watch and wait until it has ended.
+
+        Waits with `asyncio.wait`, which never raises the watcher's outcome and never
+        swallows a cancellation of the caller (``await`` under ``suppress(CancelledError)``
+        would do both).
+        """
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait((task,))
 
     async def _run(self) -> None:
         fed = 0
@@ -81,6 +97,15 @@ class PeerWatcher:
         except (ConnectionError, OSError):
             pass
         self.gone.set()
+
+
+def _report_watcher(task: asyncio.Task[None]) -> None:
+    """Read a finished watcher's outcome, logging an error (a bug) if it had one."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        logger.error("fault_server: peer watcher failed", exc_info=exc)
 
 
 class Exchange:
@@ -183,11 +208,9 @@ class Exchange:
         gone = self._watcher.gone
         if seconds <= 0:
             await asyncio.sleep(0)
-        elif math.isinf(seconds):
-            await gone.wait()
         else:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(gone.wait(), seconds)
+            with anyio.move_on_after(seconds):  # math.inf: no deadline at all.
+                await gone.wait()
         if gone.is_set():
             raise PeerGone
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 import openai
 import pytest
@@ -32,6 +34,7 @@ import trio
 import fault_server
 from fault_server import (
     FAULTS,
+    GENERIC_PARAMS,
     FaultServer,
     FaultSpec,
     FaultSpecError,
@@ -225,6 +228,38 @@ def test_exports_are_sorted_and_complete() -> None:
     assert set(FAULTS) == set(BEHAVIOURS)
     for info in FAULTS.values():
         assert info.description
+
+
+def shown(value: object) -> str:
+    """A parameter value as docs/fault_server.md writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def doc_rows(text: str, heading: str) -> list[str]:
+    """The table rows that start with a code name, in the section under ``heading``."""
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| `")]
+
+
+def test_docs_catalogue_is_the_real_one() -> None:
+    """docs/fault_server.md lists every fault and parameter with its default, and no other."""
+    text = (ROOT / "docs" / "fault_server.md").read_text(encoding="utf-8")
+    faults = doc_rows(text, "The catalogue")
+    assert len(faults) == len(FAULTS)
+    for row, info in zip(faults, FAULTS.values(), strict=True):
+        params = ", ".join(
+            f"`{p.name}`" if p.default is None else f"`{p.name}={shown(p.default)}`"
+            for p in info.params
+        )
+        assert row.startswith(f"| `{info.name}` | {params or '—'} | "), row
+    generic = doc_rows(text, "Generic parameters")
+    assert generic == [
+        f"| `{p.name}` | {p.kind} | {'—' if p.default is None else f'`{shown(p.default)}`'}"
+        f" | {p.help} |"
+        for p in GENERIC_PARAMS.values()
+    ]
 
 
 def test_parse_fault_specs() -> None:
@@ -830,6 +865,89 @@ async def test_shutdown_ends_every_fault_at_once() -> None:
             await asyncio.wait_for(reader.readexactly(1 << 20), 1)
         writer.close()
     assert server.stats().connections_open == 0
+
+
+# A client gives up on a held fault, then the server stops: the fault's end (PeerGone) and
+# the shutdown's cancellation race. asyncio.wait_for ran each fault in a hidden task and, when
+# cancelled, never read that task's outcome: "Task exception was never retrieved".
+HELD = [
+    ("sse_keepalive", {"interval": 0.3}, CHAT),
+    ("trickle_body", {"interval": 0.3}, STREAM),
+    ("sse_empty_deltas", {"interval": 0.3}, CHAT),
+    ("healthy", {"delay": 30}, STREAM),
+]
+
+
+def never_retrieved(records: list[logging.LogRecord]) -> list[str]:
+    gc.collect()  # an unretrieved task exception is reported when the task is freed.
+    return [r.getMessage() for r in records if "never retrieved" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("fault", "params", "payload"), HELD, ids=[h[0] for h in HELD])
+def test_stopping_after_a_client_left_a_held_fault_leaves_no_task_behind(
+    caplog: pytest.LogCaptureFixture, fault: str, params: dict[str, Any], payload: object
+) -> None:
+    for _ in range(3):
+        # Raw closes first, then the server stops at once: while it is noticing the close.
+        with fault_server.running(max_hold=30) as server, Raw(server) as raw:
+            raw.send(request(chat_path(server, fault, hold=30, **params), payload))
+            if fault == "healthy":
+                raw.recv_for(0.1)  # the delay sends nothing.
+            else:
+                raw.head()
+        assert never_retrieved(caplog.records) == []
+
+
+def test_stopping_after_httpx_gave_up_leaves_no_task_behind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The reported case: a non-stream call with a total cap, then the runner stops."""
+
+    async def call(url: str) -> None:
+        async with httpx.AsyncClient() as client:
+            with anyio.move_on_after(0.3) as scope:
+                await client.post(
+                    url + "/chat/completions",
+                    json=CHAT,
+                    headers={"X-Fault": "sse_empty_deltas;interval=0.1;hold=30"},
+                )
+            assert scope.cancelled_caught
+
+    for _ in range(3):
+        with fault_server.running() as server:
+            anyio.run(call, server.url())
+        assert never_retrieved(caplog.records) == []
+
+
+@pytest.mark.asyncio
+async def test_a_fault_runs_in_two_tasks_and_shuts_down_quietly() -> None:
+    """Its connection's and its peer watcher's: nothing runs unawaited beside them."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        server = FaultServer(max_hold=30)
+        await server.start()
+        before = asyncio.all_tasks()
+        host, port = address(server.base_url)
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(request(chat_path(server, "sse_keepalive", interval=0.05, hold=30), CHAT))
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+        await asyncio.sleep(0.12)  # a few keep-alive sleeps in.
+        new = asyncio.all_tasks() - before - {asyncio.current_task()}
+        assert sorted(t.get_name() for t in new if t.get_name().startswith("fault_")) == [
+            "fault_server.watch"
+        ]
+        assert len(new) == 2, new
+        writer.transport.abort()  # the client leaves as the server stops.
+        await server.aclose()
+        assert all(task.done() for task in new)
+        del new
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert reported == []
 
 
 @pytest.mark.asyncio
