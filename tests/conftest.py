@@ -19,6 +19,8 @@ import stallproof
 # How far past its bound a call may end. The bounds are anyio deadlines, so on an idle
 # machine calls end within a few ms; the margin absorbs a noisy 2-core CI box.
 MARGIN = float(os.environ.get("STALLPROOF_TEST_MARGIN", "0.1"))
+# A fake API key; tests assert it never shows up in reprs, errors, logs or spans.
+KEY = "sk-test-SECRET-0123456789"
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -66,7 +68,7 @@ async def make_client() -> AsyncIterator[Any]:
     clients: list[stallproof.Client] = []
 
     def factory(base_url: str, **kwargs: Any) -> stallproof.Client:
-        kwargs.setdefault("api_key", "sk-test-SECRET-0123456789")
+        kwargs.setdefault("api_key", KEY)
         kwargs.setdefault("retry", None)
         client = stallproof.Client(base_url=base_url, **kwargs)
         clients.append(client)

@@ -38,6 +38,7 @@ from ._exceptions import (
     UnprocessableEntityError,
     WriteTimeout,
 )
+from ._inflight import InflightCall, dump_on_signal, format_inflight, tag
 from ._models import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -81,9 +82,12 @@ __all__ = [
     "ConnectionLost",
     "ConnectTimeout",
     "DEFAULT_RETRY_STATUSES",
+    "dump_on_signal",
     "FirstTokenTimeout",
+    "format_inflight",
     "Function",
     "IdleTimeout",
+    "InflightCall",
     "InternalServerError",
     "InvalidRequestError",
     "Limits",
@@ -100,6 +104,7 @@ __all__ = [
     "RetryWouldExceedDeadline",
     "StallproofError",
     "StreamErrorEvent",
+    "tag",
     "TimeoutException",
     "Timeouts",
     "TotalTimeout",

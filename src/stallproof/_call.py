@@ -11,14 +11,19 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
-from collections.abc import Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import httpx
 
 from . import _exceptions as exc
 from ._config import Timeouts
+from ._inflight import InflightCall
+
+if TYPE_CHECKING:
+    from ._telemetry import CallTelemetry
 
 __all__ = ["Call", "new_request_id"]
 
@@ -47,20 +52,81 @@ def new_request_id() -> str:
 class Call:
     """Clock, phase and armed bound of one logical call. Not shared between calls."""
 
-    def __init__(self, timeouts: Timeouts, request_id: str, *, stream: bool) -> None:
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        request_id: str,
+        *,
+        stream: bool,
+        model: str = "",
+        agent: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        max_attempts: int = 1,
+    ) -> None:
         self.timeouts = timeouts
         self.request_id = request_id
         self.stream = stream
+        self.model = model
+        self.agent = agent
+        self.labels: Mapping[str, str] = labels or {}
         self.started = anyio.current_time()
         self.total_deadline = self.started + timeouts.total
         self.phase = "pool wait"
         self.phase_since = self.started
+        self.last_progress = self.started
         self.sent_at: float | None = None
         self.headers_received = False
         self.server_request_id: str | None = None
         self.attempt = 1
+        self.max_attempts = max_attempts
+        self.bytes_received = 0
+        self.content_chunks = 0
+        self.observer: CallTelemetry | None = None
+        self._registry: dict[int, Call] | None = None
         self._scope: anyio.CancelScope | None = None
         self._bound = "total"
+
+    # -- the client's in-flight registry ---------------------------------------------------
+
+    def register(self, registry: dict[int, Call]) -> None:
+        self._registry = registry
+        registry[id(self)] = self
+
+    def unregister(self) -> None:
+        """Leave the in-flight view (idempotent): the call is over."""
+        if self._registry is not None:
+            self._registry.pop(id(self), None)
+            self._registry = None
+
+    def snapshot(self, now: float, stalled_after: float) -> InflightCall:
+        since_progress = now - self.last_progress
+        left = self.total_deadline - now
+        return InflightCall(
+            request_id=self.request_id,
+            server_request_id=self.server_request_id,
+            agent=self.agent,
+            labels=MappingProxyType(dict(self.labels)),
+            model=self.model,
+            stream=self.stream,
+            phase=self.phase,
+            time_in_phase=now - self.phase_since,
+            attempt=self.attempt,
+            max_attempts=self.max_attempts,
+            bytes_received=self.bytes_received,
+            content_chunks=self.content_chunks,
+            since_progress=since_progress,
+            elapsed=now - self.started,
+            deadline_left=left,
+            stalled=since_progress > stalled_after and left > 0,
+        )
+
+    def progress(self, nbytes: int = 0, *, content: bool = False) -> None:
+        """Record received bytes; ``content`` (or any byte of a non-stream body) is progress."""
+        self.bytes_received += nbytes
+        if content:
+            self.content_chunks += 1
+        if content or (nbytes and not self.stream):
+            self.last_progress = anyio.current_time()
 
     # -- clock ---------------------------------------------------------------------------
 
@@ -72,8 +138,11 @@ class Call:
 
     def set_phase(self, phase: str) -> None:
         if phase != self.phase:
+            old = self.phase
             self.phase = phase
-            self.phase_since = anyio.current_time()
+            self.phase_since = self.last_progress = anyio.current_time()
+            if self.observer is not None:
+                self.observer.phase_changed(old, phase)
 
     # -- bounds --------------------------------------------------------------------------
 

@@ -11,16 +11,21 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal, overload
 
+import anyio
 import httpx
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 
 from . import _exceptions as exc
 from ._breaker import Breaker, BreakerRegistry, CircuitState
 from ._call import Call, new_request_id
 from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
+from ._inflight import InflightCall, current_tags
 from ._models import ChatCompletion
 from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
 from ._status import read_status_error
 from ._stream import AsyncStream, close_response
+from ._telemetry import CallTelemetry, Telemetry
 
 __all__ = ["Chat", "Client", "Completions"]
 
@@ -51,6 +56,10 @@ class Client:
         http_client: an ``httpx.AsyncClient`` to use instead of the client's own. Its own
             timeouts are overridden per request by ours; it is not closed by `aclose`.
         trust_env: let httpx read proxy settings from the environment (default True).
+        tracer_provider, meter_provider: OpenTelemetry providers; default the global ones.
+            With none configured, tracing costs a few no-op calls.
+        provider_name: ``gen_ai.provider.name`` on spans and metrics (default "openai").
+        record_content: put prompts and completions on spans (default False: never).
 
     Example:
         >>> async with Client(base_url="http://127.0.0.1:8000/v1", timeout=30) as client:
@@ -71,6 +80,10 @@ class Client:
         default_headers: Mapping[str, str] | None = None,
         http_client: httpx.AsyncClient | None = None,
         trust_env: bool = True,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        provider_name: str = "openai",
+        record_content: bool = False,
     ) -> None:
         if base_url is None:
             base_url = os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
@@ -114,7 +127,28 @@ class Client:
         self._bucket = TokenBucket(retry_budget) if retry_budget is not None else None
         self._breakers = BreakerRegistry(breaker) if breaker is not None else None
         self._rng = random.Random()
+        self._calls: dict[int, Call] = {}
+        self._telemetry = Telemetry(
+            server_address=url.host,
+            server_port=url.port or (443 if url.scheme == "https" else 80),
+            provider_name=provider_name,
+            record_content=record_content,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            circuits=self.circuits,
+        )
         self.chat = Chat(self)
+
+    def inflight(self, *, stalled_after: float = 5.0) -> tuple[InflightCall, ...]:
+        """Every call of this client in progress right now, longest-running first.
+
+        A call is ``stalled`` when it made no progress (phase change, content chunk, body
+        bytes) for more than ``stalled_after`` seconds and its deadline has not fired.
+        Streams stay in flight until they end or are closed. See `format_inflight`.
+        """
+        now = anyio.current_time()
+        calls = [c.snapshot(now, stalled_after) for c in list(self._calls.values())]
+        return tuple(sorted(calls, key=lambda c: -c.elapsed))
 
     @property
     def retry_tokens(self) -> float | None:
@@ -209,21 +243,37 @@ class Client:
         stream: bool,
         timeout: TimeoutTypes | Unset | None,
         retry: Retry | Unset | None,
+        agent: str | None,
+        labels: Mapping[str, str] | None,
         extra_headers: Mapping[str, str] | None,
         extra_query: Mapping[str, Any] | None,
     ) -> ChatCompletion | AsyncStream:
+        model = str(body["model"])
         circuit = None
         if self._breakers is not None:
-            circuit = self._breakers.circuit(self._upstream, str(body["model"]))
+            circuit = self._breakers.circuit(self._upstream, model)
             circuit.check()  # while open, fail before doing any work at all
         timeouts = self._resolve_timeouts(timeout)
         policy = self._resolve_retry(retry)
-        call = Call(timeouts, new_request_id(), stream=stream)
+        tag_agent, tag_labels = current_tags()
+        call = Call(
+            timeouts,
+            new_request_id(),
+            stream=stream,
+            model=model,
+            agent=agent if agent is not None else tag_agent,
+            labels={**tag_labels, **(labels or {})},
+            max_attempts=policy.attempts,
+        )
         request = self._build_request("chat/completions", body, call, extra_headers, extra_query)
         if policy.attempts > 1 and "idempotency-key" not in request.headers:
             # The same key on every attempt lets a server drop a duplicate it already ran.
             request.headers["idempotency-key"] = f"stallproof-{call.request_id}"
-        retrying = make_retrying(policy, call, self._bucket, rng=self._rng)
+        observer = call.observer = self._telemetry.start(call, body)
+        call.register(self._calls)
+        retrying = make_retrying(
+            policy, call, self._bucket, rng=self._rng, on_retry=observer.retry_scheduled
+        )
         attempts = itertools.count(1)
 
         async def attempt() -> ChatCompletion | AsyncStream:
@@ -231,20 +281,36 @@ class Client:
             call.start_attempt(n)
             request.headers["x-stallproof-attempt"] = f"{n}/{policy.attempts}"
             ticket = circuit.admit() if circuit is not None else None
+            before = circuit.state if circuit is not None else ""
+            observer.attempt_started(n, request)
             try:
                 result = await self._attempt(request, call)
             except BaseException as e:
+                observer.attempt_ended(e)
                 if ticket is not None:
                     ticket.failure(e, deadline_expired=call.remaining() <= 0)
                 raise
-            if ticket is not None:
-                ticket.success()
+            else:
+                observer.attempt_ended(None, 200)
+                if ticket is not None:
+                    ticket.success()
+            finally:
+                if circuit is not None and circuit.state != before:
+                    observer.breaker_changed(circuit.upstream, before, circuit.state)
             return result
 
-        with call.total_scope():
-            result: ChatCompletion | AsyncStream = await retrying(attempt)
+        try:
+            with call.total_scope():
+                result: ChatCompletion | AsyncStream = await retrying(attempt)
+        except BaseException as e:
+            observer.failed(e)
+            call.unregister()
+            raise
         if self._bucket is not None:
             self._bucket.record_success()
+        if isinstance(result, ChatCompletion):
+            _finish_completion(observer, result)
+            call.unregister()
         return result
 
     async def _attempt(self, request: httpx.Request, call: Call) -> ChatCompletion | AsyncStream:
@@ -290,6 +356,7 @@ class Client:
         buf = bytearray()
         async with contextlib.aclosing(response.aiter_bytes()) as parts:  # type: ignore[type-var]
             async for part in parts:
+                call.progress(len(part))
                 if not buf:
                     # The first body byte ends first_token; total still applies to the rest.
                     call.rearm(None)
@@ -357,6 +424,8 @@ class Completions:
         stream: Literal[False] = False,
         timeout: TimeoutTypes | Unset | None = UNSET,
         retry: Retry | Unset | None = UNSET,
+        agent: str | None = None,
+        labels: Mapping[str, str] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -372,6 +441,8 @@ class Completions:
         stream: Literal[True],
         timeout: TimeoutTypes | Unset | None = UNSET,
         retry: Retry | Unset | None = UNSET,
+        agent: str | None = None,
+        labels: Mapping[str, str] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -387,6 +458,8 @@ class Completions:
         stream: bool,
         timeout: TimeoutTypes | Unset | None = UNSET,
         retry: Retry | Unset | None = UNSET,
+        agent: str | None = None,
+        labels: Mapping[str, str] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -401,6 +474,8 @@ class Completions:
         stream: bool = False,
         timeout: TimeoutTypes | Unset | None = UNSET,
         retry: Retry | Unset | None = UNSET,
+        agent: str | None = None,
+        labels: Mapping[str, str] | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_query: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
@@ -412,6 +487,8 @@ class Completions:
         max_tokens, stop, stream_options, ...) and passes any others through into the JSON
         body. ``timeout`` overrides the client's bounds for this call: a number replaces
         only the total budget. ``retry`` overrides the client's `Retry` (None: one attempt).
+        ``agent`` and ``labels`` tag the call (see `stallproof.tag`) in errors' logs, spans
+        and ``client.inflight()``.
 
         Raises:
             TimeoutException: a bound fired (the subclass names it).
@@ -424,6 +501,8 @@ class Completions:
             stream=stream,
             timeout=timeout,
             retry=retry,
+            agent=agent,
+            labels=labels,
             extra_headers=extra_headers,
             extra_query=extra_query,
         )
@@ -434,6 +513,18 @@ class Chat:
 
     def __init__(self, client: Client) -> None:
         self.completions = Completions(client)
+
+
+def _finish_completion(observer: CallTelemetry, result: ChatCompletion) -> None:
+    usage = result.usage
+    observer.finished(
+        response_id=result.id,
+        response_model=result.model,
+        finish_reasons=[c.finish_reason for c in result.choices if c.finish_reason],
+        input_tokens=usage.prompt_tokens if usage else None,
+        output_tokens=usage.completion_tokens if usage else None,
+        output_text=result.choices[0].message.content if result.choices else None,
+    )
 
 
 def _is_omitted(value: object) -> bool:

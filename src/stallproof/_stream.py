@@ -24,7 +24,7 @@ import httpx
 from . import _exceptions as exc
 from ._call import Call
 from ._config import Limits
-from ._models import ChatCompletionChunk
+from ._models import ChatCompletionChunk, Usage
 from ._sse import LineTooLong, ServerSentEvent, SSEDecoder
 
 __all__ = ["AsyncStream"]
@@ -66,6 +66,13 @@ class AsyncStream:
         self._seen_content = False
         # Chunks read before the first content chunk, during the attempt (see _prefetch).
         self._buffered: deque[ChatCompletionChunk] = deque()
+        # What the call's span reports at the end.
+        self._response_id: str | None = None
+        self._response_model: str | None = None
+        self._finish_reasons: list[str] = []
+        self._usage: Usage | None = None
+        self._text: list[str] | None = [] if _records_content(call) else None
+        self._ended = False
         self._finished = False
         self._done = False
         self._closed = False
@@ -110,6 +117,8 @@ class AsyncStream:
                 self._buffered.append(chunk)
                 self._seen_content = True
                 self._waited = 0.0
+                if self._call.observer is not None:
+                    self._call.observer.first_chunk()
                 return
             # Keep the first few (the role chunk); keep-alive deltas carry nothing, and a
             # server sending them forever must not grow memory.
@@ -136,7 +145,8 @@ class AsyncStream:
                 call.translate_errors(),
             ):
                 chunk = await self._read_chunk()
-        except BaseException:
+        except BaseException as e:
+            self._end(e)
             await self.aclose()
             raise
         if chunk is None:
@@ -170,6 +180,7 @@ class AsyncStream:
                     "stream ended without [DONE] and without a finish_reason",
                 ) from None
             self._received += len(data)
+            self._call.progress(len(data))
             if self._received > self._limits.max_response_bytes:
                 raise self._call.error(
                     exc.ResponseTooLarge,
@@ -206,9 +217,47 @@ class AsyncStream:
         if event.event not in ("message", "chunk"):
             return None  # other named events (pings, metadata) are not chunks
         chunk = ChatCompletionChunk.from_dict(obj, "chunk")
-        if any(c.finish_reason for c in chunk.choices):
-            self._finished = True
+        self._note(chunk)
         return chunk
+
+    def _note(self, chunk: ChatCompletionChunk) -> None:
+        """Keep what the span reports, and count content as progress."""
+        self._response_id = self._response_id or chunk.id
+        self._response_model = self._response_model or chunk.model
+        for c in chunk.choices:
+            if c.finish_reason:
+                self._finished = True
+                self._finish_reasons.append(c.finish_reason)
+            if self._text is not None and c.delta.content:
+                self._text.append(c.delta.content)
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        if chunk.has_content:
+            self._call.progress(content=True)
+
+    def _end(self, error: BaseException | None) -> None:
+        """The logical call is over: end its span and leave the in-flight view."""
+        if self._ended:
+            return
+        self._ended = True
+        call = self._call
+        observer = call.observer
+        if observer is not None:
+            if error is not None:
+                observer.failed(error)
+            else:
+                usage = self._usage
+                if not self._done and observer.recording:
+                    observer.span.set_attribute("stallproof.stream.abandoned", True)
+                observer.finished(
+                    response_id=self._response_id,
+                    response_model=self._response_model,
+                    finish_reasons=self._finish_reasons,
+                    input_tokens=usage.prompt_tokens if usage else None,
+                    output_tokens=usage.completion_tokens if usage else None,
+                    output_text="".join(self._text) if self._text is not None else None,
+                )
+        call.unregister()
 
     # -- closing -------------------------------------------------------------------------
 
@@ -224,6 +273,7 @@ class AsyncStream:
 
     async def aclose(self) -> None:
         """Stop the stream and release its connection. Safe to call more than once."""
+        self._end(None)
         if not self._closed:
             self._closed = True
             with anyio.move_on_after(_CLOSE_BOUND, shield=True):
@@ -245,3 +295,8 @@ class AsyncStream:
 
 def _excerpt(text: str, limit: int = 120) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _records_content(call: Call) -> bool:
+    observer = call.observer
+    return observer is not None and observer.recording and observer.t.record_content
