@@ -5,7 +5,8 @@ stream idle) and by one total deadline that covers them all.
 """
 
 from ._breaker import Breaker, CircuitState
-from ._client import Chat, Client, Completions
+from ._client import Client
+from ._completions import Chat, Completions
 from ._config import UNSET, Limits, Timeouts
 from ._exceptions import (
     APIStatusError,

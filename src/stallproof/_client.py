@@ -7,9 +7,9 @@ import itertools
 import json
 import os
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Literal, overload
+from typing import Any
 
 import anyio
 import httpx
@@ -19,15 +19,17 @@ from opentelemetry.trace import TracerProvider
 from . import _exceptions as exc
 from ._breaker import Breaker, BreakerRegistry, CircuitState
 from ._call import Call, new_request_id
+from ._completions import Chat
 from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
 from ._inflight import InflightCall, current_tags
 from ._models import ChatCompletion
+from ._request import Body
 from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
 from ._status import read_status_error
 from ._stream import AsyncStream, close_response
 from ._telemetry import CallTelemetry, Telemetry
 
-__all__ = ["Chat", "Client", "Completions"]
+__all__ = ["Client"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _NO_RETRY = Retry(attempts=1)
@@ -224,7 +226,7 @@ class Client:
             timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
             extensions={"trace": call.trace},
         )
-        request.stream = _Body(content)
+        request.stream = Body(content)
         return request
 
     def _resolve_retry(self, retry: Retry | Unset | None) -> Retry:
@@ -386,135 +388,6 @@ class Client:
             raise call.error(exc.MalformedResponse, e.message) from None
 
 
-class _Body(httpx.AsyncByteStream):
-    """The request body as one chunk, from a plain iterator rather than a generator.
-
-    httpx's own byte stream is an async generator; when a write is interrupted (a write
-    timeout, a cancellation) it is left unexhausted and trio warns when it is collected.
-    An iterator object has nothing to finalise.
-    """
-
-    def __init__(self, content: bytes) -> None:
-        self._content = content
-        self._sent = False
-
-    def __aiter__(self) -> _Body:
-        self._sent = False
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._sent:
-            raise StopAsyncIteration
-        self._sent = True
-        return self._content
-
-
-class Completions:
-    """``client.chat.completions``: the ``create`` method openai users already call."""
-
-    def __init__(self, client: Client) -> None:
-        self._client = client
-
-    @overload
-    async def create(
-        self,
-        *,
-        messages: Iterable[Mapping[str, Any]],
-        model: str,
-        stream: Literal[False] = False,
-        timeout: TimeoutTypes | Unset | None = UNSET,
-        retry: Retry | Unset | None = UNSET,
-        agent: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, Any] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        **params: Any,
-    ) -> ChatCompletion: ...
-
-    @overload
-    async def create(
-        self,
-        *,
-        messages: Iterable[Mapping[str, Any]],
-        model: str,
-        stream: Literal[True],
-        timeout: TimeoutTypes | Unset | None = UNSET,
-        retry: Retry | Unset | None = UNSET,
-        agent: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, Any] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        **params: Any,
-    ) -> AsyncStream: ...
-
-    @overload
-    async def create(
-        self,
-        *,
-        messages: Iterable[Mapping[str, Any]],
-        model: str,
-        stream: bool,
-        timeout: TimeoutTypes | Unset | None = UNSET,
-        retry: Retry | Unset | None = UNSET,
-        agent: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, Any] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        **params: Any,
-    ) -> ChatCompletion | AsyncStream: ...
-
-    async def create(
-        self,
-        *,
-        messages: Iterable[Mapping[str, Any]],
-        model: str,
-        stream: bool = False,
-        timeout: TimeoutTypes | Unset | None = UNSET,
-        retry: Retry | Unset | None = UNSET,
-        agent: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_query: Mapping[str, Any] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        **params: Any,
-    ) -> ChatCompletion | AsyncStream:
-        """Create a chat completion; with ``stream=True``, an `AsyncStream` of chunks.
-
-        Takes openai's keyword arguments (tools, tool_choice, response_format, temperature,
-        max_tokens, stop, stream_options, ...) and passes any others through into the JSON
-        body. ``timeout`` overrides the client's bounds for this call: a number replaces
-        only the total budget. ``retry`` overrides the client's `Retry` (None: one attempt).
-        ``agent`` and ``labels`` tag the call (see `stallproof.tag`) in errors' logs, spans
-        and ``client.inflight()``.
-
-        Raises:
-            TimeoutException: a bound fired (the subclass names it).
-            TransportError, ProtocolError, APIStatusError: see the exception tree.
-            InvalidRequestError: the arguments cannot be sent.
-        """
-        body = _build_body(messages, model, stream, params, extra_body)
-        return await self._client._chat(
-            body,
-            stream=stream,
-            timeout=timeout,
-            retry=retry,
-            agent=agent,
-            labels=labels,
-            extra_headers=extra_headers,
-            extra_query=extra_query,
-        )
-
-
-class Chat:
-    """``client.chat``."""
-
-    def __init__(self, client: Client) -> None:
-        self.completions = Completions(client)
-
-
 def _finish_completion(observer: CallTelemetry, result: ChatCompletion) -> None:
     usage = result.usage
     observer.finished(
@@ -525,45 +398,3 @@ def _finish_completion(observer: CallTelemetry, result: ChatCompletion) -> None:
         output_tokens=usage.completion_tokens if usage else None,
         output_text=result.choices[0].message.content if result.choices else None,
     )
-
-
-def _is_omitted(value: object) -> bool:
-    # openai's NOT_GIVEN / omit sentinels mean "leave it out", so code written against
-    # openai that passes them keeps working.
-    return type(value).__name__ in ("NotGiven", "Omit")
-
-
-def _build_body(
-    messages: Iterable[Mapping[str, Any]],
-    model: str,
-    stream: bool,
-    params: Mapping[str, Any],
-    extra_body: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    if not isinstance(model, str) or not model:
-        raise exc.InvalidRequestError(f"model must be a non-empty str, got {model!r}")
-    if not isinstance(stream, bool):
-        raise exc.InvalidRequestError(f"stream must be a bool, got {stream!r}")
-    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
-        raise exc.InvalidRequestError(
-            f"messages must be a list of message objects, got {type(messages).__name__}"
-        )
-    msgs = list(messages)
-    if not msgs:
-        raise exc.InvalidRequestError("messages must not be empty")
-    for i, m in enumerate(msgs):
-        if not isinstance(m, Mapping):
-            raise exc.InvalidRequestError(
-                f"messages[{i}] must be a mapping, got {type(m).__name__}"
-            )
-        if not isinstance(m.get("role"), str):
-            raise exc.InvalidRequestError(f"messages[{i}] has no 'role' string")
-    body: dict[str, Any] = {"model": model, "messages": [dict(m) for m in msgs]}
-    if stream:
-        body["stream"] = True
-    for key, value in params.items():
-        if not _is_omitted(value):
-            body[key] = value
-    if extra_body:
-        body.update(extra_body)
-    return body

@@ -1,0 +1,77 @@
+"""Turning openai-style arguments into the request body, with clear errors for bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import httpx
+
+from . import _exceptions as exc
+
+__all__ = ["Body", "build_body"]
+
+
+class Body(httpx.AsyncByteStream):
+    """The request body as one chunk, from a plain iterator rather than a generator.
+
+    httpx's own byte stream is an async generator; when a write is interrupted (a write
+    timeout, a cancellation) it is left unexhausted and trio warns when it is collected.
+    An iterator object has nothing to finalise.
+    """
+
+    def __init__(self, content: bytes) -> None:
+        self._content = content
+        self._sent = False
+
+    def __aiter__(self) -> Body:
+        self._sent = False
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._sent:
+            raise StopAsyncIteration
+        self._sent = True
+        return self._content
+
+
+def _is_omitted(value: object) -> bool:
+    # openai's NOT_GIVEN / omit sentinels mean "leave it out", so code written against
+    # openai that passes them keeps working.
+    return type(value).__name__ in ("NotGiven", "Omit")
+
+
+def build_body(
+    messages: Iterable[Mapping[str, Any]],
+    model: str,
+    stream: bool,
+    params: Mapping[str, Any],
+    extra_body: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    if not isinstance(model, str) or not model:
+        raise exc.InvalidRequestError(f"model must be a non-empty str, got {model!r}")
+    if not isinstance(stream, bool):
+        raise exc.InvalidRequestError(f"stream must be a bool, got {stream!r}")
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+        raise exc.InvalidRequestError(
+            f"messages must be a list of message objects, got {type(messages).__name__}"
+        )
+    msgs = list(messages)
+    if not msgs:
+        raise exc.InvalidRequestError("messages must not be empty")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, Mapping):
+            raise exc.InvalidRequestError(
+                f"messages[{i}] must be a mapping, got {type(m).__name__}"
+            )
+        if not isinstance(m.get("role"), str):
+            raise exc.InvalidRequestError(f"messages[{i}] has no 'role' string")
+    body: dict[str, Any] = {"model": model, "messages": [dict(m) for m in msgs]}
+    if stream:
+        body["stream"] = True
+    for key, value in params.items():
+        if not _is_omitted(value):
+            body[key] = value
+    if extra_body:
+        body.update(extra_body)
+    return body
