@@ -23,6 +23,7 @@ from ._exceptions import (
     InvalidRequestError,
     MalformedResponse,
     NotFoundError,
+    PacerTimeout,
     PermissionDeniedError,
     PoolTimeout,
     ProtocolError,
@@ -53,6 +54,7 @@ from ._models import (
     Function,
     Usage,
 )
+from ._pacer import Pacer, PacerState
 from ._retry import DEFAULT_RETRY_STATUSES, Retry, RetryBudget
 from ._stream import AsyncStream
 
@@ -94,6 +96,9 @@ __all__ = [
     "Limits",
     "MalformedResponse",
     "NotFoundError",
+    "Pacer",
+    "PacerState",
+    "PacerTimeout",
     "PermissionDeniedError",
     "PoolTimeout",
     "ProtocolError",

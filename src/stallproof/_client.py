@@ -23,6 +23,7 @@ from ._completions import Chat
 from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
 from ._inflight import InflightCall, current_tags
 from ._models import ChatCompletion
+from ._pacer import Pacer, PacerState, Pacing, Permit, is_overload
 from ._request import Body
 from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
 from ._status import read_status_error
@@ -54,6 +55,9 @@ class Client:
             every call retry as its policy says, even when everything is failing.
         breaker: a `Breaker` policy to keep one circuit breaker per upstream; None (the
             default) sends every call.
+        pacer: a `Pacer` that every call waits for before it is sent (concurrency, requests
+            and tokens per minute, fair between agents, adaptive under 429); the wait counts
+            against the call's total deadline. None (the default): no pacing.
         default_headers: extra headers sent with every request.
         http_client: an ``httpx.AsyncClient`` to use instead of the client's own. Its own
             timeouts are overridden per request by ours; it is not closed by `aclose`.
@@ -79,6 +83,7 @@ class Client:
         retry: Retry | None = Retry(),  # noqa: B008 - frozen and immutable
         retry_budget: RetryBudget | None = RetryBudget(),  # noqa: B008 - frozen and immutable
         breaker: Breaker | None = None,
+        pacer: Pacer | None = None,
         default_headers: Mapping[str, str] | None = None,
         http_client: httpx.AsyncClient | None = None,
         trust_env: bool = True,
@@ -128,6 +133,9 @@ class Client:
         self.retry = retry or _NO_RETRY
         self._bucket = TokenBucket(retry_budget) if retry_budget is not None else None
         self._breakers = BreakerRegistry(breaker) if breaker is not None else None
+        if pacer is not None and not isinstance(pacer, Pacer):
+            raise exc.InvalidRequestError(f"pacer must be a Pacer or None, got {pacer!r}")
+        self._pacing = Pacing(pacer) if pacer is not None else None
         self._rng = random.Random()
         self._calls: dict[int, Call] = {}
         self._telemetry = Telemetry(
@@ -156,6 +164,10 @@ class Client:
     def retry_tokens(self) -> float | None:
         """Tokens left in the client's retry budget (None without a budget)."""
         return self._bucket.tokens if self._bucket is not None else None
+
+    def pacer_state(self) -> PacerState | None:
+        """A snapshot of the pacer: limit, in use, queued per agent (None without one)."""
+        return self._pacing.snapshot() if self._pacing is not None else None
 
     def circuits(self) -> dict[str, CircuitState]:
         """A snapshot of every upstream's circuit breaker (empty without a `Breaker`)."""
@@ -273,6 +285,9 @@ class Client:
             request.headers["idempotency-key"] = f"stallproof-{call.request_id}"
         observer = call.observer = self._telemetry.start(call, body)
         call.register(self._calls)
+        permit: Permit | None = None
+        if self._pacing is not None:
+            permit = await self._pace(call, body)
         retrying = make_retrying(
             policy, call, self._bucket, rng=self._rng, on_retry=observer.retry_scheduled
         )
@@ -289,6 +304,8 @@ class Client:
                 result = await self._attempt(request, call)
             except BaseException as e:
                 observer.attempt_ended(e)
+                if permit is not None and is_overload(e):
+                    permit.overload()
                 if ticket is not None:
                     ticket.failure(e, deadline_expired=call.remaining() <= 0)
                 raise
@@ -306,14 +323,43 @@ class Client:
                 result: ChatCompletion | AsyncStream = await retrying(attempt)
         except BaseException as e:
             observer.failed(e)
+            if permit is not None:
+                permit.release()
             call.unregister()
             raise
         if self._bucket is not None:
             self._bucket.record_success()
         if isinstance(result, ChatCompletion):
             _finish_completion(observer, result)
+            if permit is not None:
+                usage = result.usage
+                permit.release(used_tokens=usage.total_tokens if usage else None, succeeded=True)
             call.unregister()
+        else:
+            result._permit = permit  # held until the stream ends or is closed
         return result
+
+    async def _pace(self, call: Call, body: Mapping[str, Any]) -> Permit:
+        """Wait for the pacer, inside the call's deadline; on failure the call is over."""
+        assert self._pacing is not None
+        call.set_phase("pacer queue")
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        estimate = self._pacing.policy.estimate_tokens(
+            body.get("messages"), max_tokens=max_tokens if isinstance(max_tokens, int) else None
+        )
+        try:
+            # Not inside total_scope: acquire is bounded by the same deadline and, unlike a
+            # bare cancel scope, says the pacer is where the time went.
+            return await self._pacing.acquire(
+                agent=call.agent, estimated_tokens=estimate, deadline=call.total_deadline
+            )
+        except BaseException as e:
+            if isinstance(e, exc.PacerTimeout):
+                e.request_id = call.request_id
+            assert call.observer is not None
+            call.observer.failed(e)
+            call.unregister()
+            raise
 
     async def _attempt(self, request: httpx.Request, call: Call) -> ChatCompletion | AsyncStream:
         """One attempt: send, check the status, read the body or the stream's first content."""

@@ -10,7 +10,8 @@ StallproofError
 │   ├── FirstTokenTimeout          no content within `first_token` of sending
 │   ├── IdleTimeout                no content event for `idle` mid-stream
 │   └── TotalTimeout               the call's whole budget (`total`) ran out
-│       └── RetryWouldExceedDeadline   the next retry's wait would not fit in the time left
+│       ├── RetryWouldExceedDeadline   the next retry's wait would not fit in the time left
+│       └── PacerTimeout           the deadline ran out (or was sure to) in the pacer queue
 ├── TransportError                 the connection failed underneath us
 │   ├── ConnectError               could not connect (refused, unreachable, DNS)
 │   └── ConnectionLost             reset or closed before a response was complete
@@ -52,6 +53,7 @@ __all__ = [
     "InvalidRequestError",
     "MalformedResponse",
     "NotFoundError",
+    "PacerTimeout",
     "PermissionDeniedError",
     "PoolTimeout",
     "ProtocolError",
@@ -203,6 +205,32 @@ class RetryWouldExceedDeadline(TotalTimeout):
         super().__init__(message, **kwargs)
         self.retry_after = retry_after
         self.remaining = remaining
+
+
+class PacerTimeout(TotalTimeout):
+    """The call's total deadline passed, or was sure to pass, while it waited in the pacer.
+
+    Raised at once, without waiting, when the per-minute limits show that capacity cannot
+    arrive before the deadline. Nothing was sent.
+
+    Attributes:
+        agent: the agent whose queue the call was in (None: the default queue).
+        ahead: calls queued before it in that agent's queue.
+        waited: seconds it spent in the queue (0 when it failed at once).
+
+    ``limit`` is the time the call had left when it reached the pacer; ``phase`` is
+    ``"pacer queue"``.
+    """
+
+    bound = "total"
+
+    def __init__(
+        self, message: str, *, agent: str | None, ahead: int, waited: float, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.agent = agent
+        self.ahead = ahead
+        self.waited = waited
 
 
 class CircuitOpen(StallproofError):

@@ -25,6 +25,7 @@ from . import _exceptions as exc
 from ._call import Call
 from ._config import Limits
 from ._models import ChatCompletionChunk, Usage
+from ._pacer import Permit
 from ._sse import LineTooLong, ServerSentEvent, SSEDecoder
 
 __all__ = ["AsyncStream"]
@@ -73,6 +74,7 @@ class AsyncStream:
         self._usage: Usage | None = None
         self._text: list[str] | None = [] if _records_content(call) else None
         self._ended = False
+        self._permit: Permit | None = None  # the pacer's, set by the client
         self._finished = False
         self._done = False
         self._closed = False
@@ -257,6 +259,13 @@ class AsyncStream:
                     output_tokens=usage.completion_tokens if usage else None,
                     output_text="".join(self._text) if self._text is not None else None,
                 )
+        permit = self._permit
+        if permit is not None:
+            usage = self._usage
+            permit.release(
+                used_tokens=usage.total_tokens if usage and error is None else None,
+                succeeded=error is None and self._done,
+            )
         call.unregister()
 
     # -- closing -------------------------------------------------------------------------
