@@ -52,6 +52,9 @@ HTTPX_WATCHDOG = 8.0
 # A body cap well under what huge_body sends, so that fault ends in milliseconds.
 LIMITS = stallproof.Limits(max_response_bytes=4 * 1024 * 1024)
 HUGE = 8 * 1024 * 1024
+# The harness's pacer, replaced by stallproof's: agents take turns, 429s shrink the limit
+# (never below 16) and the wait counts against each call's 3 s budget.
+PACER = stallproof.Pacer(max_concurrent=32, min_concurrent=16)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -171,6 +174,18 @@ class Progress:
     in_flight: int = 0
     results: Counter[str] = dataclasses.field(default_factory=Counter)
     finished: bool = False
+    # The clients whose live in-flight view is shown (phase A only).
+    clients: tuple[stallproof.Client, ...] = ()
+
+    def phases(self) -> str:
+        """Calls in flight by phase, straight from ``client.inflight()``."""
+        calls = [c for client in self.clients for c in client.inflight(stalled_after=1.0)]
+        if not calls:
+            return ""
+        by_phase = Counter(c.phase for c in calls)
+        stalled = sum(c.stalled for c in calls)
+        parts = ", ".join(f"{phase} {n}" for phase, n in by_phase.most_common())
+        return f"in flight by phase: {parts} ({stalled} stalled > 1s)"
 
     def line(self) -> str:
         return (
@@ -193,6 +208,8 @@ async def show_progress(progress: Progress, tty: bool) -> None:
         if tty:
             width = shutil.get_terminal_size((100, 20)).columns - 1
             lines = [progress.line(), *_wrap(progress.tally(), width, indent="  ")]
+            if phases := progress.phases():
+                lines.append("  " + phases)
             out = f"\x1b[{drawn}F\x1b[J" if drawn else ""
             out += "".join(line[:width] + "\n" for line in lines)
             sys.stdout.write(out)
@@ -201,6 +218,8 @@ async def show_progress(progress: Progress, tty: bool) -> None:
         elif time.monotonic() - last_print >= 1.0 or progress.finished:
             last_print = time.monotonic()
             print(f"[{progress.line()}] {progress.tally()}", flush=True)
+            if phases := progress.phases():
+                print(f"    {phases}", flush=True)
         if progress.finished:
             return
         await anyio.sleep(0.25)
@@ -264,7 +283,7 @@ def _name(e: BaseException) -> str:
 async def stallproof_call(
     client: stallproof.Client, messages: list[dict[str, Any]], turn: Turn
 ) -> str:
-    headers = {"X-Fault": turn.variant.spec}
+    headers = {"X-Fault": turn.variant.spec}  # agents are tagged by run_agent's tag()
     if turn.stream:
         parts: list[str] = []
         stream = await client.chat.completions.create(
@@ -286,6 +305,17 @@ async def stallproof_call(
 
 
 async def run_agent(
+    i: int,
+    turns: Sequence[Turn],
+    clients: tuple[stallproof.Client, stallproof.Client],
+    progress: Progress,
+    outcomes: list[Outcome],
+) -> None:
+    with stallproof.tag(agent=f"agent-{i}"):
+        await _agent_rounds(i, turns, clients, progress, outcomes)
+
+
+async def _agent_rounds(
     i: int,
     turns: Sequence[Turn],
     clients: tuple[stallproof.Client, stallproof.Client],
@@ -332,10 +362,11 @@ async def phase_a(
     outcomes: list[Outcome] = []
     kw: dict[str, Any] = {"api_key": "demo", "timeout": BUDGET, "limits": LIMITS}
     async with (
-        stallproof.Client(base_url=url, **kw) as client,
+        stallproof.Client(base_url=url, pacer=PACER, **kw) as client,
         stallproof.Client(base_url=blackhole_url, **kw) as blackhole,
         anyio.create_task_group() as outer,
     ):
+        progress.clients = (client, blackhole)
         outer.start_soon(show_progress, progress, tty)
         async with anyio.create_task_group() as tg:
             for i, turns in enumerate(plans):
