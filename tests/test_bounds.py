@@ -296,3 +296,21 @@ async def test_per_call_timeout_overrides_the_client_default(
         await client.chat.completions.create(model="m", messages=MSGS, timeout=0.5)
     assert info.value.limit == 0.5
     assert elapsed[0] <= 0.5 + MARGIN
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_size_caps_end_huge_answers_with_a_typed_error(
+    stream: bool, fault_server: Any, make_client: Any
+) -> None:
+    """A 16 MiB body or SSE line against 1 MiB caps: ResponseTooLarge, memory bounded."""
+    client = make_client(
+        fault_server.url("huge_body", size=16 * 1024 * 1024),
+        limits=stallproof.Limits(max_response_bytes=1024 * 1024, max_line_bytes=64 * 1024),
+    )
+    with stopwatch() as elapsed, pytest.raises(stallproof.ResponseTooLarge) as info:
+        s = await client.chat.completions.create(model="m", messages=MSGS, stream=stream)
+        async for _ in s:
+            pass
+    assert info.value.limit == (64 * 1024 if stream else 1024 * 1024)
+    assert elapsed[0] < 2.0
+    assert_pool_clean(client)

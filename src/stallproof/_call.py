@@ -76,6 +76,7 @@ class Call:
         self.last_progress = self.started
         self.sent_at: float | None = None
         self.headers_received = False
+        self.status_code: int | None = None
         self.server_request_id: str | None = None
         self.attempt = 1
         self.max_attempts = max_attempts
@@ -196,6 +197,7 @@ class Call:
         self.attempt = attempt
         self.sent_at = None
         self.headers_received = False
+        self.status_code = None
         self.server_request_id = None
         self.set_phase("pool wait")
 

@@ -310,7 +310,7 @@ class Client:
                     ticket.failure(e, deadline_expired=call.remaining() <= 0)
                 raise
             else:
-                observer.attempt_ended(None, 200)
+                observer.attempt_ended(None, call.status_code)
                 if ticket is not None:
                     ticket.success()
             finally:
@@ -369,6 +369,7 @@ class Client:
             with call.bounded(), call.translate_errors():
                 response = await self._http.send(request, stream=True)
                 call.headers_received = True
+                call.status_code = response.status_code
                 call.server_request_id = response.headers.get(
                     "x-request-id"
                 ) or response.headers.get("request-id")
