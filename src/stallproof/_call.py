@@ -177,6 +177,20 @@ class Call:
         if scope.cancelled_caught:
             raise self.timeout_error(self._bound)
 
+    @contextlib.contextmanager
+    def step(self, bound: str, deadline: float) -> Iterator[None]:
+        """One scope for one step of a stream: total and a phase bound, whichever is first.
+
+        `total_scope` + `bounded` in a single cancel scope; a stream step is never retried,
+        so the two need not be told apart by nesting.
+        """
+        if deadline >= self.total_deadline:
+            bound, deadline = "total", self.total_deadline
+        with anyio.CancelScope(deadline=deadline) as scope:
+            yield
+        if scope.cancelled_caught:
+            raise self.timeout_error(bound)
+
     def rearm(self, bound: str | None, deadline: float | None = None) -> None:
         """Change the phase bound of the running `bounded` block (None: no phase bound)."""
         if self._scope is not None:

@@ -10,7 +10,7 @@ as attributes too, and ``to_dict()`` returns the JSON exactly as received.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ._exceptions import MalformedResponse
@@ -48,21 +48,64 @@ def _always(kind: object) -> Any:
     return dataclasses.field(default_factory=lambda: kind(_raw={}), metadata={"kind": kind})
 
 
-_FIELDS: dict[type, tuple[tuple[str, object], ...]] = {}
-
-
-def _kinds_of(cls: type) -> tuple[tuple[str, object], ...]:
-    # dataclasses.fields() is slow enough to show up per streamed chunk: compute it once.
-    kinds = _FIELDS.get(cls)
-    if kinds is None:
-        kinds = tuple(
-            (f.name, f.metadata["kind"]) for f in dataclasses.fields(cls) if "kind" in f.metadata
-        )
-        _FIELDS[cls] = kinds
-    return kinds
-
-
+# A field's converter takes (value, path of the parent, field name) and builds the path
+# string only when it needs it: on an error, or to descend into a nested object.
+_Converter = Callable[[Any, str, str], Any]
+_PLANS: dict[type, tuple[tuple[str, _Converter, bool], ...]] = {}
 _TYPE_NAMES = {str: "str", int: "int", float: "number", bool: "bool", dict: "object"}
+
+
+def _plan(cls: type) -> tuple[tuple[str, _Converter, bool], ...]:
+    # Parsing runs per streamed chunk: work out each field's converter once per class.
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = tuple(
+            (f.name, _converter(f.metadata["kind"]), f.default_factory is not dataclasses.MISSING)
+            for f in dataclasses.fields(cls)
+            if "kind" in f.metadata
+        )
+        _PLANS[cls] = plan
+    return plan
+
+
+def _converter(kind: object) -> _Converter:
+    if isinstance(kind, list):
+        (item_kind,) = kind
+        item = _converter(item_kind)
+
+        def convert_list(value: Any, parent: str, name: str) -> Any:
+            if type(value) is not list:
+                raise _wrong(parent, name, "array", value)
+            path = _join(parent, name)
+            return [item(v, path, f"[{i}]") for i, v in enumerate(value)]
+
+        return convert_list
+    if isinstance(kind, type) and issubclass(kind, Model):
+        model = kind
+
+        def convert_model(value: Any, parent: str, name: str) -> Any:
+            return model.from_dict(value, _join(parent, name))
+
+        return convert_model
+    assert isinstance(kind, type)
+    scalar = kind
+    # The exact types that pass without a closer look (bool is not an int here).
+    exact: tuple[type, ...] = (int, float) if scalar is float else (scalar,)
+
+    def convert_scalar(value: Any, parent: str, name: str) -> Any:
+        if type(value) in exact:
+            return value
+        if scalar is dict and isinstance(value, dict):
+            return value
+        raise _wrong(parent, name, _TYPE_NAMES.get(scalar, scalar.__name__), value)
+
+    return convert_scalar
+
+
+def _wrong(parent: str, name: str, expected: str, value: Any) -> MalformedResponse:
+    return MalformedResponse(
+        f"{_join(parent, name)}: expected {expected}, got {type(value).__name__}"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,11 +122,12 @@ class Model:
                 f"{path or cls.__name__}: expected object, got {type(data).__name__}"
             )
         values: dict[str, Any] = {}
-        for name, kind in _kinds_of(cls):
-            if name in data:
-                value = _convert(kind, data[name], _join(path, name))
-                if value is not None or not _is_always(cls, name):
-                    values[name] = value
+        for name, convert, always in _plan(cls):
+            value = data.get(name)
+            if value is not None:
+                values[name] = convert(value, path, name)
+            elif not always and name in data:
+                values[name] = None
         return cls(_raw=data, **values)
 
     def __getattr__(self, name: str) -> Any:
@@ -101,34 +145,10 @@ class Model:
     model_dump = to_dict  # the openai / pydantic spelling
 
 
-def _is_always(cls: type, name: str) -> bool:
-    return name in _ALWAYS.get(cls, ())
-
-
 def _join(path: str, name: str) -> str:
+    if name.startswith("["):
+        return f"{path}{name}"
     return f"{path}.{name}" if path else name
-
-
-def _convert(kind: object, value: Any, path: str) -> Any:
-    if value is None:
-        return None
-    if isinstance(kind, list):
-        (item_kind,) = kind
-        if not isinstance(value, list):
-            raise MalformedResponse(f"{path}: expected array, got {type(value).__name__}")
-        return [_convert(item_kind, v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if isinstance(kind, type) and issubclass(kind, Model):
-        return kind.from_dict(value, path)
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)  # type: ignore[arg-type]
-    if not ok:
-        name = _TYPE_NAMES.get(kind, str(kind))  # type: ignore[call-overload]
-        raise MalformedResponse(f"{path}: expected {name}, got {type(value).__name__}")
-    return value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -254,19 +274,3 @@ class ChatCompletionChunk(Model):
             if any(raw.get(name) for name in _CONTENT_FIELDS):
                 return True
         return False
-
-
-# Fields that are never None: a JSON null there is read as "absent" (empty list / object).
-_ALWAYS: dict[type, frozenset[str]] = {
-    cls: frozenset(
-        f.name for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING
-    )
-    for cls in (
-        ChatCompletionMessageToolCall,
-        Choice,
-        ChatCompletion,
-        ChoiceDeltaToolCall,
-        ChunkChoice,
-        ChatCompletionChunk,
-    )
-}

@@ -35,6 +35,8 @@ __all__ = ["AsyncStream"]
 _DRAIN_AFTER_DONE = 0.25
 # Closing is local work (a socket close), but it is bounded too.
 _CLOSE_BOUND = 5.0
+# Returned by the readers at `data: [DONE]` (or a clean end after a finish_reason).
+_DONE = object()
 # Non-content chunks kept from before the first content chunk.
 _MAX_BUFFERED = 8
 
@@ -74,6 +76,7 @@ class AsyncStream:
         self._usage: Usage | None = None
         self._text: list[str] | None = [] if _records_content(call) else None
         self._ended = False
+        self._last_had_content = False  # whether the chunk _parse returned last is progress
         self._permit: Permit | None = None  # the pacer's, set by the client
         self._finished = False
         self._done = False
@@ -114,8 +117,9 @@ class AsyncStream:
         Runs inside the client's attempt, under its first_token bound, so anything that
         goes wrong before content can still be retried.
         """
-        while (chunk := await self._read_chunk()) is not None:
-            if chunk.has_content:
+        while (chunk := await self._read_chunk()) is not _DONE:
+            assert isinstance(chunk, ChatCompletionChunk)
+            if self._last_had_content:
                 self._buffered.append(chunk)
                 self._seen_content = True
                 self._waited = 0.0
@@ -141,42 +145,53 @@ class AsyncStream:
         bound, limit = ("idle", t.idle) if self._seen_content else ("first_token", t.first_token)
         start = anyio.current_time()
         try:
-            with (
-                call.total_scope(),
-                call.bounded(bound, start + (limit - self._waited)),
-                call.translate_errors(),
-            ):
-                chunk = await self._read_chunk()
+            if start >= call.total_deadline:
+                raise call.timeout_error("total")
+            # Events already received need no waiting, so no cancel scope: the common case
+            # when a read carries several chunks.
+            got = self._take_received()
+            if got is None:
+                with call.step(bound, start + (limit - self._waited)), call.translate_errors():
+                    got = await self._read_chunk()
         except BaseException as e:
             self._end(e)
             await self.aclose()
             raise
-        if chunk is None:
+        if got is _DONE:
             self._done = True
             await self._finish()
             return None
-        if chunk.has_content:
+        assert isinstance(got, ChatCompletionChunk)
+        if self._last_had_content:
             self._seen_content = True
             self._waited = 0.0
         else:
             self._waited += anyio.current_time() - start
-        return chunk
+        return got
 
-    async def _read_chunk(self) -> ChatCompletionChunk | None:
-        """Read until the next chunk event; None at ``[DONE]`` or a clean end."""
+    def _take_received(self) -> ChatCompletionChunk | object | None:
+        """The next chunk among events already decoded, `_DONE` at ``[DONE]``, or None."""
+        events = self._events
+        while events:
+            event = events.popleft()
+            if event.data == "[DONE]":
+                return _DONE
+            chunk = self._parse(event)
+            if chunk is not None:
+                return chunk
+        return None
+
+    async def _read_chunk(self) -> ChatCompletionChunk | object:
+        """Read until the next chunk event; `_DONE` at ``[DONE]`` or a clean end."""
         while True:
-            while self._events:
-                event = self._events.popleft()
-                if event.data == "[DONE]":
-                    return None
-                chunk = self._parse(event)
-                if chunk is not None:
-                    return chunk
+            got = self._take_received()
+            if got is not None:
+                return got
             try:
                 data = await self._bytes.__anext__()
             except StopAsyncIteration:
                 if self._finished:
-                    return None
+                    return _DONE
                 raise self._call.error(
                     exc.TruncatedResponse,
                     "stream ended without [DONE] and without a finish_reason",
@@ -234,7 +249,8 @@ class AsyncStream:
                 self._text.append(c.delta.content)
         if chunk.usage is not None:
             self._usage = chunk.usage
-        if chunk.has_content:
+        self._last_had_content = chunk.has_content
+        if self._last_had_content:
             self._call.progress(content=True)
 
     def _end(self, error: BaseException | None) -> None:
