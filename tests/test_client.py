@@ -135,6 +135,9 @@ async def test_unknown_and_extra_arguments_pass_through(
         ({"model": "m", "messages": MSGS, "timeout": "5"}, "seconds"),
         ({"model": "m", "messages": MSGS, "extra_body": {"x": object()}}, "JSON"),
         ({"model": "m", "messages": MSGS, "temperature": float("nan")}, "JSON"),
+        ({"model": "m", "messages": MSGS, "agent": 7}, "agent"),
+        ({"model": "m", "messages": MSGS, "labels": {"k": 1}}, "labels"),
+        ({"model": "m", "messages": MSGS, "retry": 3}, "retry"),
     ],
 )
 async def test_bad_input_is_a_clear_typed_error(

@@ -271,6 +271,13 @@ class Client:
             circuit.check()  # while open, fail before doing any work at all
         timeouts = self._resolve_timeouts(timeout)
         policy = self._resolve_retry(retry)
+        if agent is not None and not isinstance(agent, str):
+            raise exc.InvalidRequestError(f"agent must be a str or None, got {agent!r}")
+        if labels is not None and (
+            not isinstance(labels, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+        ):
+            raise exc.InvalidRequestError(f"labels must map str to str, got {labels!r}")
         tag_agent, tag_labels = current_tags()
         call = Call(
             timeouts,
