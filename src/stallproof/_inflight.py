@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType, MappingProxyType
 from typing import IO, TYPE_CHECKING, Any
 
+from ._exceptions import InvalidRequestError
+
 if TYPE_CHECKING:
     from ._client import Client
 
@@ -154,7 +156,7 @@ def format_inflight(calls: Iterable[InflightCall], *, now_label: str = "") -> st
 
 def dump_on_signal(
     *clients: Client,
-    signum: int = getattr(signal, "SIGUSR1", signal.SIGTERM),
+    signum: int | None = None,
     file: IO[str] | None = None,
     stalled_after: float = 5.0,
 ) -> Callable[[], None]:
@@ -162,8 +164,13 @@ def dump_on_signal(
 
     Opt-in, like Go's SIGQUIT goroutine dump: ``kill -USR1 <pid>`` answers "which calls
     are live, and where is each one stuck?" without stopping the process. Must be called
-    from the main thread. Returns a function that restores the previous handler.
+    from the main thread. ``signum`` defaults to SIGUSR1 (name one where there is none).
+    Returns a function that restores the previous handler.
     """
+    if signum is None:
+        if not hasattr(signal, "SIGUSR1"):
+            raise InvalidRequestError("this platform has no SIGUSR1: pass signum=")
+        signum = signal.SIGUSR1
 
     def handler(sig: int, frame: FrameType | None) -> None:
         out = file if file is not None else sys.stderr
