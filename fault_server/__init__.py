@@ -1,9 +1,13 @@
 """A misbehaving OpenAI-compatible server, to prove that LLM calls cannot hang.
 
-Every request picks a fault — from its path, ``/fault/<name>;k=v/v1/...``, or an ``X-Fault:
-<name>;k=v`` header — and the server commits it below HTTP where it must: half-open
-connections, stalled headers, trickled bodies, keep-alive pings, RSTs, lying
-Content-Lengths. Every fault ends by itself within its ``hold``.
+Every request meets a fault — named by its path, ``/fault/<name>;k=v/v1/...``, or an
+``X-Fault: <name>;k=v`` header, or armed on the server by a test (`FaultServer.scenario`,
+`FaultServer.set_mix`, or the ``/_fault/`` control API) — and the server commits it below
+HTTP where it must: half-open connections, stalled or trickled heads and bodies, keep-alive
+pings, RSTs, half-closes, lying Content-Lengths, broken SSE and OpenAI chunks. Every fault
+ends by itself within its ``hold``. The server keeps a journal of what each connection did
+and judges the client from it (`FaultServer.verdict`). With ``upstream=`` it is a proxy that
+injects the same faults into a real server's answers.
 
 Example:
     >>> from fault_server import FaultServer
@@ -22,23 +26,36 @@ from ._faults import (
     ParamInfo,
     parse_fault,
 )
+from ._journal import ConnectionRecord, RequestRecord
+from ._mix import Mix
 from ._runner import ServerThread, running
+from ._scenarios import Match, Rule
+from ._scope import FaultScope
 from ._server import FaultServer
 from ._stats import KeyStats, ServerStats
+from ._verdict import RetryAfterCheck, Verdict
 
 __all__ = [
+    "ConnectionRecord",
     "FaultInfo",
     "FAULTS",
+    "FaultScope",
     "FaultServer",
     "FaultSpec",
     "FaultSpecError",
     "GENERIC_PARAMS",
     "KeyStats",
+    "Match",
+    "Mix",
     "ParamInfo",
     "parse_fault",
+    "RequestRecord",
+    "RetryAfterCheck",
+    "Rule",
     "running",
     "ServerStats",
     "ServerThread",
+    "Verdict",
 ]
 
 for _name in __all__:

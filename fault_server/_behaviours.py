@@ -7,30 +7,20 @@ under ``hold`` and closes the socket when it runs out, so a behaviour may stall 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import email.utils
+import time
+from collections.abc import Mapping
 from types import MappingProxyType
 
+from ._answer import Frames
 from ._exchange import Exchange, Outcome
-from ._openai import DONE, EventStream, Whole, error, huge_completion, huge_stream_line
+from ._openai import DONE, Whole, error, huge_completion, huge_stream_line
+from ._sending import Behaviour, healthy, send_frames, send_part
+from ._sse_faults import SSE_FAULTS
+from ._timing_faults import TIMING_FAULTS
+from ._wire_faults import WIRE_FAULTS
 
 __all__ = ["BEHAVIOURS", "Behaviour"]
-
-Behaviour = Callable[[Exchange], Awaitable[Outcome]]
-
-
-async def healthy(ex: Exchange) -> Outcome:
-    """The normal answer. ``token_interval`` paces stream chunks, or delays a whole reply
-    by the time its tokens would have taken."""
-    interval = ex.spec.number("token_interval")
-    reply = ex.reply
-    if isinstance(reply, Whole):
-        if ex.chat is not None and interval > 0:
-            await ex.sleep(interval * ex.spec.integer("tokens"))
-        return await ex.send_whole(reply)
-    await ex.send_head()
-    await _send_events(ex, reply.events, reply)
-    await ex.send_end()
-    return Outcome.KEEP
 
 
 async def stall(ex: Exchange) -> Outcome:
@@ -39,13 +29,17 @@ async def stall(ex: Exchange) -> Outcome:
 
 
 async def trickle_body(ex: Exchange) -> Outcome:
-    body = ex.body
-    status = ex.reply.status if isinstance(ex.reply, Whole) else 200
+    whole = await ex.whole()
     interval, size = ex.spec.number("interval"), ex.spec.integer("chunk")
-    await ex.send_head(status, content_length=len(body))
-    for start in range(0, len(body), size):
+    await ex.send_head(
+        whole.status,
+        content_type=whole.content_type,
+        content_length=len(whole.body),
+        headers=whole.headers,
+    )
+    for start in range(0, len(whole.body), size):
         await ex.sleep(interval)
-        await ex.send_data(body[start : start + size])
+        await ex.send_data(whole.body[start : start + size])
     await ex.send_end()
     return Outcome.KEEP
 
@@ -59,11 +53,7 @@ async def sse_keepalive(ex: Exchange) -> Outcome:
 
 
 async def sse_stall(ex: Exchange) -> Outcome:
-    if isinstance(ex.reply, EventStream):
-        await ex.send_head()
-        await _send_events(ex, ex.reply.head(ex.spec.integer("after")), ex.reply)
-    else:
-        await _send_half(ex)
+    await send_part(ex)
     await ex.stall()
 
 
@@ -81,28 +71,24 @@ async def sse_empty_deltas(ex: Exchange) -> Outcome:
 
 async def reset(ex: Exchange) -> Outcome:
     if ex.spec.text("when") == "mid":
-        if isinstance(ex.reply, EventStream):
-            await ex.send_head()
-            await _send_events(ex, ex.reply.head(ex.spec.integer("after")), ex.reply)
-        else:
-            await _send_half(ex)
+        await send_part(ex)
     return await ex.reset()
 
 
 async def close_mid_body(ex: Exchange) -> Outcome:
-    if isinstance(ex.reply, EventStream):
-        await ex.send_head()
-        await _send_events(ex, ex.reply.head(ex.spec.integer("after")), ex.reply)
-    else:
-        await _send_half(ex)
+    await send_part(ex)
     return Outcome.CLOSE
 
 
 async def content_length_lie(ex: Exchange) -> Outcome:
-    body = ex.body
-    status = ex.reply.status if isinstance(ex.reply, Whole) else 200
-    await ex.send_head(status, content_length=len(body) + ex.spec.integer("extra"))
-    await ex.send_data(body)
+    whole = await ex.whole()
+    await ex.send_head(
+        whole.status,
+        content_type=whole.content_type,
+        content_length=len(whole.body) + ex.spec.integer("extra"),
+        headers=whole.headers,
+    )
+    await ex.send_data(whole.body)
     await ex.stall()
 
 
@@ -113,6 +99,9 @@ async def status(ex: Exchange) -> Outcome:
     retry_after = spec.text("retry_after")
     if retry_after is not None:
         headers.append(("retry-after", retry_after))
+    if spec.get("retry_after_date") is not None:
+        when = time.time() + spec.number("retry_after_date")
+        headers.append(("retry-after", email.utils.formatdate(when, usegmt=True)))
     if spec.get("retry_after_ms") is not None:
         headers.append(("retry-after-ms", f"{spec.number('retry_after_ms'):g}"))
     should_retry = spec.get("should_retry")
@@ -122,14 +111,28 @@ async def status(ex: Exchange) -> Outcome:
     body = spec.text("body")
     if body is not None:
         whole = Whole(code, body.encode())
-    return await ex.send_whole(whole, tuple(headers))
+    interval = spec.number("interval")
+    if interval <= 0:
+        return await ex.send_whole(whole, tuple(headers))
+    await ex.send_head(  # a slow error body: one byte per interval.
+        code,
+        content_type=whole.content_type,
+        content_length=len(whole.body),
+        headers=tuple(headers),
+    )
+    for i in range(len(whole.body)):
+        await ex.sleep(interval)
+        await ex.send_data(whole.body[i : i + 1])
+    await ex.send_end()
+    return Outcome.KEEP
 
 
 async def malformed_json(ex: Exchange) -> Outcome:
-    if not isinstance(ex.reply, EventStream):
+    answer = await ex.answer()
+    if not isinstance(answer, Frames):
         return await ex.send_whole(Whole(200, b'{"id": "x", "choices": ['))
-    await ex.send_head()
-    await ex.send_data(ex.reply.events[0])
+    await ex.send_answer_head(answer)
+    await send_frames(ex, answer, 1)
     await ex.send_data(b"data: {not json\n\n")
     await ex.send_data(DONE)
     await ex.send_end()
@@ -138,7 +141,7 @@ async def malformed_json(ex: Exchange) -> Outcome:
 
 async def huge_body(ex: Exchange) -> Outcome:
     size = ex.spec.integer("size")
-    if isinstance(ex.reply, EventStream):
+    if ex.stream:
         await ex.send_head()
         _, pieces = huge_stream_line(ex.model, size)
     else:
@@ -153,46 +156,36 @@ async def huge_body(ex: Exchange) -> Outcome:
 
 
 async def no_done(ex: Exchange) -> Outcome:
-    if not isinstance(ex.reply, EventStream):
+    answer = await ex.answer()
+    if not isinstance(answer, Frames):
         return await healthy(ex)
-    await ex.send_head(headers=(("connection", "close"),))
-    await _send_events(ex, ex.reply.events[:-1], ex.reply)
+    await ex.send_head(
+        answer.status,
+        content_type=answer.content_type,
+        headers=(*answer.headers, ("connection", "close")),
+    )
+    await send_frames(ex, answer, transform=lambda f: b"" if f == DONE else f)
     await ex.send_end()
     return Outcome.CLOSE
 
 
-async def _send_events(ex: Exchange, events: tuple[bytes, ...], stream: EventStream) -> None:
-    """Send SSE frames, ``token_interval`` apart before each content frame."""
-    interval = ex.spec.number("token_interval")
-    for index, event in enumerate(events):
-        if interval > 0 and 1 <= index <= stream.content:
-            await ex.sleep(interval)
-        await ex.send_data(event)
-
-
-async def _send_half(ex: Exchange) -> None:
-    """Headers with the full Content-Length, and the first half of the body."""
-    body = ex.body
-    status = ex.reply.status if isinstance(ex.reply, Whole) else 200
-    await ex.send_head(status, content_length=len(body))
-    await ex.send_data(body[: len(body) // 2])
-
+_BASIC: dict[str, Behaviour] = {
+    "healthy": healthy,
+    "half_open": stall,
+    "stall_headers": stall,
+    "trickle_body": trickle_body,
+    "sse_keepalive": sse_keepalive,
+    "sse_stall": sse_stall,
+    "sse_empty_deltas": sse_empty_deltas,
+    "reset": reset,
+    "close_mid_body": close_mid_body,
+    "content_length_lie": content_length_lie,
+    "status": status,
+    "malformed_json": malformed_json,
+    "huge_body": huge_body,
+    "no_done": no_done,
+}
 
 BEHAVIOURS: Mapping[str, Behaviour] = MappingProxyType(
-    {
-        "healthy": healthy,
-        "half_open": stall,
-        "stall_headers": stall,
-        "trickle_body": trickle_body,
-        "sse_keepalive": sse_keepalive,
-        "sse_stall": sse_stall,
-        "sse_empty_deltas": sse_empty_deltas,
-        "reset": reset,
-        "close_mid_body": close_mid_body,
-        "content_length_lie": content_length_lie,
-        "status": status,
-        "malformed_json": malformed_json,
-        "huge_body": huge_body,
-        "no_done": no_done,
-    }
+    {**_BASIC, **WIRE_FAULTS, **SSE_FAULTS, **TIMING_FAULTS}
 )

@@ -1,7 +1,12 @@
 """``fault-server`` / ``python -m fault_server``: run the fault server from a shell.
 
+``fault-server [--port 8000]`` serves made-up answers; ``fault-server proxy --upstream URL``
+forwards to a real OpenAI-compatible server and injects the faults into its answers.
+
 The first line of stdout is the ``/v1`` base URL (flushed at once, so a script can read it
 and go), the second the never-accepting listener's URL. Serves until SIGINT or SIGTERM.
+Holding many connections needs file descriptors: the soft RLIMIT_NOFILE is raised to the
+hard limit at start.
 """
 
 from __future__ import annotations
@@ -23,12 +28,27 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, then list the faults or serve until a signal. Returns the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    proxy = bool(args_list) and args_list[0] == "proxy"
+    if proxy:
+        args_list = args_list[1:]
     parser = argparse.ArgumentParser(
-        prog="fault-server",
-        description="An OpenAI-compatible server that misbehaves on request.",
+        prog="fault-server proxy" if proxy else "fault-server",
+        description=(
+            "Forward to a real OpenAI-compatible server and inject faults into its answers."
+            if proxy
+            else "An OpenAI-compatible server that misbehaves on request. "
+            "'fault-server proxy --upstream URL' puts the faults in front of a real one."
+        ),
         epilog="Select a fault with a base_url like "
         "http://127.0.0.1:8000/fault/trickle_body;interval=0.5/v1 or an "
         "'X-Fault: name;k=v' header. See --list.",
+    )
+    parser.add_argument(
+        "--upstream",
+        required=proxy,
+        default=None,
+        help="base URL of the real server, with /v1 (proxy mode)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
@@ -46,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="most seconds any fault keeps a connection (default: %(default)s)",
     )
     parser.add_argument("--list", action="store_true", help="print the fault catalogue and exit")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     if args.list:
         print(_format_catalogue())
         return 0
@@ -57,9 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     try:
-        server = FaultServer(host=args.host, port=args.port, max_hold=args.max_hold)
+        server = FaultServer(
+            host=args.host, port=args.port, max_hold=args.max_hold, upstream=args.upstream
+        )
     except ValueError as exc:
         parser.error(str(exc))
+    raise_fd_limit()
     try:
         asyncio.run(_serve(server))
     except OSError as exc:
@@ -80,10 +103,30 @@ async def _serve(server: FaultServer) -> None:
     try:
         print(f"{server.base_url}/v1", flush=True)
         print(server.blackhole_url, flush=True)
-        print("fault-server: serving; Ctrl-C to stop; --list for faults", file=sys.stderr)
+        mode = f"proxying {server.upstream}" if server.upstream else "serving"
+        print(f"fault-server: {mode}; Ctrl-C to stop; --list for faults", file=sys.stderr)
         await stop.wait()
     finally:
         await server.aclose()
+
+
+def raise_fd_limit() -> int | None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (each held connection is an fd).
+
+    Returns the new soft limit, or None where it cannot be read or changed.
+    """
+    try:
+        import resource
+    except ImportError:  # not on this platform.
+        return None
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    except (OSError, ValueError):
+        return None
+    return int(soft)
 
 
 def _is_loopback(host: str) -> bool:
@@ -104,7 +147,10 @@ def _format_catalogue() -> str:
             lines.append(f"    {p['name']}={p['default']!s}  ({p['type']}) {p['help']}")
 
     for fault in data["faults"]:
-        lines.append(fault["name"])
+        scope = (
+            " (connection level: arm it with a scenario)" if fault["scope"] == "connection" else ""
+        )
+        lines.append(f"{fault['name']}  [{fault['group']}]{scope}")
         lines.extend(
             textwrap.wrap(fault["description"], 88, initial_indent="  ", subsequent_indent="  ")
         )

@@ -24,22 +24,15 @@ import time
 import anyio
 import h11
 
+from ._answer import LocalSource, UpstreamBroken
 from ._behaviours import BEHAVIOURS
 from ._control import PREFIX, control
-from ._exchange import Exchange, Outcome, PeerGone, PeerWatcher, whole_bytes
-from ._faults import FaultSpec, FaultSpecError, parse_fault
-from ._openai import (
-    ChatRequest,
-    EventStream,
-    RequestError,
-    Whole,
-    completion,
-    completion_stream,
-    error,
-    models,
-    parse_chat,
-)
-from ._stats import Counters
+from ._exchange import Exchange, Outcome, PeerGone, PeerWatcher, Source, whole_bytes
+from ._faults import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
+from ._journal import ConnLog, RequestLog
+from ._openai import ChatRequest, RequestError, Whole, error, parse_chat
+from ._scenarios import RequestInfo
+from ._state import ServerState
 
 __all__ = ["MAX_BODY", "Connection"]
 
@@ -57,6 +50,11 @@ _MODELS = "/v1/models"
 class _Closed(Exception):
     """The connection must end: the client left, timed out, or broke the protocol."""
 
+    def __init__(self, by: str, how: str) -> None:
+        super().__init__(f"closed by {by}: {how}")
+        self.by = by
+        self.how = how
+
 
 class Connection:
     """Serves the requests of one accepted connection until it must close."""
@@ -65,16 +63,19 @@ class Connection:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        counters: Counters,
-        max_hold: float,
+        state: ServerState,
+        log: ConnLog,
     ) -> None:
         self._reader = reader
         self._writer = writer
-        self._counters = counters
-        self._max_hold = max_hold
+        self._state = state
+        self._counters = state.counters
+        self._max_hold = state.max_hold
+        self._log = log
         self._conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
         self._keys_seen: set[tuple[int, str]] = set()
         self._request: h11.Request | None = None
+        self._current: RequestLog | None = None  # the journal entry of the request being read.
 
     async def serve(self) -> None:
         """Serve until the connection ends; closes it in every case.
@@ -84,23 +85,35 @@ class Connection:
         """
         graceful = False
         try:
+            await self._accept_slowly()
             graceful = await self._serve()
-        except _Closed:
+        except _Closed as exc:
             graceful = True  # a FIN, so an idle keep-alive client sees a clean end.
+            self._log.close(exc.by, exc.how)
         except PeerGone:
-            pass
+            self._log.close("client", "rst")
+        except asyncio.CancelledError:
+            self._log.close("server", "shutdown")
+            raise
         finally:
+            self._log.close("server", "done")
             if graceful:
                 await self._close()
             else:
                 self._writer.transport.abort()
 
+    async def _accept_slowly(self) -> None:
+        """Apply an armed ``slow_accept``: read nothing for its ``pause`` (within max_hold)."""
+        rule = self._state.scenarios.take_connection()
+        if rule is None:
+            return
+        self._log.fault = str(rule.spec)
+        await asyncio.sleep(min(rule.spec.number("pause"), self._max_hold))
+
     async def _serve(self) -> bool:
         """Serve requests; True when the connection may be closed gracefully."""
         while True:
             request = await self._next_request()
-            if request is None:
-                return True
             outcome = await self._handle(request)
             if outcome is not Outcome.KEEP:
                 return outcome is Outcome.CLOSE
@@ -111,15 +124,15 @@ class Connection:
 
     # -- reading -----------------------------------------------------------------------
 
-    async def _next_request(self) -> h11.Request | None:
-        """The next request head, or None when the client is done with the connection."""
+    async def _next_request(self) -> h11.Request:
+        """The next request head; `_Closed` when the client is done with the connection."""
         deadline = time.monotonic() + self._max_hold
         while True:
-            event = await self._next_event(deadline)
+            event = await self._next_event(deadline, idle=True)
             if isinstance(event, h11.Request):
                 return event
             if isinstance(event, h11.ConnectionClosed):
-                return None
+                raise _Closed("client", "fin")
 
     async def _read_body(self, deadline: float) -> bytes | None:
         """The request body, or None after answering 413 (the connection then closes)."""
@@ -142,27 +155,30 @@ class Connection:
             elif isinstance(event, h11.EndOfMessage):
                 return bytes(body)
             elif isinstance(event, h11.ConnectionClosed):
-                raise _Closed
+                raise _Closed("client", "fin")
 
-    async def _next_event(self, deadline: float) -> h11.Event:
+    async def _next_event(self, deadline: float, *, idle: bool = False) -> h11.Event:
         while True:
             try:
                 event = self._conn.next_event()
             except h11.RemoteProtocolError as exc:
                 await self._answer_broken_request(exc)
-                raise _Closed from exc
+                raise _Closed("server", "done") from exc
             if isinstance(event, h11.Event):
                 return event
             if event is h11.PAUSED:
-                raise _Closed  # only after a protocol switch, which we never accept.
+                # only after a protocol switch, which we never accept.
+                raise _Closed("server", "done")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise _Closed
+                raise _Closed("server", "idle" if idle else "hold")
             try:
                 with anyio.fail_after(remaining):
                     data = await self._reader.read(_READ_SIZE)
-            except (TimeoutError, ConnectionError, OSError) as exc:
-                raise _Closed from exc
+            except TimeoutError as exc:
+                raise _Closed("server", "idle" if idle else "hold") from exc
+            except (ConnectionError, OSError) as exc:
+                raise _Closed("client", "rst") from exc
             self._conn.receive_data(data)
 
     def _header(self, name: bytes) -> str | None:
@@ -179,57 +195,132 @@ class Connection:
         self._request = request
         deadline = time.monotonic() + self._max_hold
         method = request.method.decode("ascii", "replace")
-        path = request.target.decode("ascii", "replace").partition("?")[0]
+        target = request.target.decode("ascii", "replace")
+        path, _, query = target.partition("?")
         request_id = self._request_id()
+        self._current = None
         if path.startswith(PREFIX):
-            if await self._read_body(deadline) is None:
+            body = await self._read_body(deadline)
+            if body is None:
                 return Outcome.CLOSE
-            return await self._send(control(method, path, self._counters), request_id)
+            return await self._send(control(method, path, query, body, self._state), request_id)
         self._counters.request()
+        log = self._current = self._log.request(method, path)
+        log.request_id = self._header(b"x-request-id")
+        log.idempotency_key = self._header(b"idempotency-key")
+        try:
+            return await self._answer(method, path, query, request_id, log, deadline)
+        except _Closed as exc:  # while reading the body: the client left, or was too slow.
+            if exc.by == "client":
+                self._log.end_request(log, "client_closed" if exc.how == "fin" else "client_reset")
+            else:
+                self._log.end_request(log, "hold_expired")
+            raise
+        except PeerGone:
+            self._log.end_request(log, "client_reset")
+            raise
+        finally:
+            if log.ended is None:  # refused with an error status, or ended by the shutdown.
+                self._log.end_request(log, "complete" if log.status else "shutdown")
+
+    async def _answer(
+        self, method: str, path: str, query: str, request_id: str, log: RequestLog, deadline: float
+    ) -> Outcome:
         spec_text: str | None = None
         if path.startswith("/fault/"):
             spec_text, _, rest = path[len("/fault/") :].partition("/")
             path = "/" + rest
-        spec_text = self._header(b"x-fault") or spec_text
+        log.path = path
+        header_text = self._header(b"x-fault")
+        source = "header" if header_text else "path" if spec_text else "default"
+        given = header_text or spec_text
         try:
-            spec = parse_fault(spec_text) if spec_text else FaultSpec()
+            spec = parse_fault(given) if given else FaultSpec()
         except FaultSpecError as exc:
-            return await self._refuse(error(400, str(exc), code="invalid_fault"), request_id)
-        spec = self._count_key(spec)
-        routed = self._route(method, path)
+            return await self._refuse(error(400, str(exc), code="invalid_fault"), request_id, log)
+        if spec.info.scope == "connection":
+            message = (
+                f"fault {spec.name!r} acts on a connection before any request is read: arm it "
+                "with a scenario (FaultServer.scenario, or PUT /_fault/scenarios)"
+            )
+            return await self._refuse(error(400, message, code="invalid_fault"), request_id, log)
+        key = spec.key or self._header(b"x-fault-key")
+        body: bytes | None = None
+        if source != "header":  # a header is the test's explicit word: nothing overrides it.
+            info = RequestInfo(key=key, path=path, method=method)
+            if self._state.scenarios.needs_body(info):
+                body = await self._read_body(deadline)
+                if body is None:
+                    return Outcome.CLOSE
+                info = _with_body(info, body)
+            spec, source = self._armed(spec, source, info)
+        spec = self._count_key(spec, key, source)
+        log.fault, log.source, log.key = str(spec), source, key
+        upstream = self._state.upstream
+        target: str | None = None
+        if upstream is None:
+            routed = self._route(method, path)
+        else:
+            target = upstream.target(path, query)
+            routed = (
+                None if target else error(404, f"the proxy forwards /v1/... only, not {path!r}")
+            )
         if routed is not None:
-            return await self._refuse(routed, request_id)
+            if body is not None:
+                return await self._send(routed, request_id, log=log)
+            return await self._refuse(routed, request_id, log)
         hold = self._max_hold
         if spec.get("hold") is not None:
             hold = min(hold, spec.number("hold"))
-        if spec.name == "half_open":  # never read past the head.
-            reply: Whole | EventStream = Whole(200, b"")
-            return await self._run(spec, reply, None, request_id, hold)
-        body = await self._read_body(deadline)
+        if spec.name == "half_open" and body is None:  # never read past the head.
+            return await self._run(spec, None, LocalSource(None, 0), request_id, hold, log)
         if body is None:
-            return Outcome.CLOSE
+            body = await self._read_body(deadline)
+            if body is None:
+                return Outcome.CLOSE
         chat: ChatRequest | None = None
-        if path == _MODELS:
-            reply = models()
+        answers: Source
+        if upstream is not None and target is not None:
+            chat = _lenient_chat(body) if path == _CHAT else None
+            headers = self._request.headers if self._request is not None else []
+            answers = upstream.source(method, target, list(headers), body, chat)
         else:
-            try:
-                chat = parse_chat(body)
-            except RequestError as exc:
-                return await self._send(error(400, str(exc), param=exc.param), request_id)
-            tokens = spec.integer("tokens")
-            reply = completion_stream(chat, tokens) if chat.stream else completion(chat, tokens)
-        return await self._run(spec, reply, chat, request_id, hold)
+            if path == _CHAT:
+                try:
+                    chat = parse_chat(body)
+                except RequestError as exc:
+                    whole = error(400, str(exc), param=exc.param)
+                    return await self._send(whole, request_id, log=log)
+            answers = LocalSource(chat, spec.integer("tokens"))
+        return await self._run(spec, chat, answers, request_id, hold, log)
 
-    def _count_key(self, spec: FaultSpec) -> FaultSpec:
-        """Count the request under its key; past ``first`` such requests, serve healthy."""
-        key = spec.key
+    def _armed(self, spec: FaultSpec, source: str, info: RequestInfo) -> tuple[FaultSpec, str]:
+        """The fault armed on the server for this request, if any: a matching scenario rule
+        first, else (when the request named no fault) the mix; with the source that chose."""
+        rule = self._state.scenarios.take(info)
+        if rule is not None:
+            return _merged(rule.spec, spec), "scenario"
+        if spec.name == "healthy":
+            drawn, _ = self._state.mix.draw(info.key)
+            if drawn is not None:
+                return _merged(drawn, spec), "mix"
+        return spec, source
+
+    def _count_key(self, spec: FaultSpec, key: str | None, source: str) -> FaultSpec:
+        """Count the request under its key. A spec the request named itself applies to the
+        first ``first`` such requests only: past them, serve healthy. A spec that carries
+        nothing but the key is not a fault: it does not count as faulted."""
         if key is None:
             return spec
         ordinal = self._counters.key_request(key, self._keys_seen)
-        first = spec.first
-        if first is not None and ordinal > first:
-            return FaultSpec()
-        self._counters.key_faulted(key)
+        if source in ("header", "path"):
+            first = spec.first
+            if first is not None and ordinal > first:
+                return FaultSpec()
+            if spec.name != "healthy" or set(spec.params) - {"key"}:  # more than a key
+                self._counters.key_faulted(key)
+        elif source in ("scenario", "mix"):
+            self._counters.key_faulted(key)
         return spec
 
     @staticmethod
@@ -245,10 +336,11 @@ class Connection:
     async def _run(
         self,
         spec: FaultSpec,
-        reply: Whole | EventStream,
         chat: ChatRequest | None,
+        answers: Source,
         request_id: str,
         hold: float,
+        log: RequestLog,
     ) -> Outcome:
         """Run the fault's behaviour for at most ``hold`` seconds."""
         watcher = PeerWatcher(self._reader, self._conn)
@@ -257,29 +349,59 @@ class Connection:
             writer=self._writer,
             watcher=watcher,
             spec=spec,
-            reply=reply,
             chat=chat,
             request_id=request_id,
+            source=answers,
+            log=log,
         )
         behaviour = BEHAVIOURS[spec.name]
         watcher.start()
         try:
             with anyio.move_on_after(hold):
                 await exchange.sleep(spec.number("delay"))
-                return await behaviour(exchange)
+                outcome = await behaviour(exchange)
+                if outcome is Outcome.KEEP:
+                    self._log.end_request(log, "complete")
+                elif outcome is Outcome.CLOSE:
+                    self._log.end_request(log, "server_closed")
+                    self._log.close("server", "fault")
+                else:
+                    self._log.end_request(log, "server_reset")
+                    self._log.close("server", "fault")
+                return outcome
+            self._log.end_request(log, "hold_expired")
+            self._log.close("server", "hold")
             return Outcome.CLOSE  # hold ran out.
         except PeerGone:
+            how = watcher.how or "rst"
+            self._log.end_request(log, "client_closed" if how == "fin" else "client_reset")
+            self._log.close("client", how)
             return Outcome.ABORTED
+        except UpstreamBroken:
+            # The real answer broke off: so does ours, with a FIN and no end of body.
+            self._log.end_request(log, "server_closed")
+            self._log.close("server", "fault")
+            return Outcome.CLOSE
         finally:
             await watcher.stop()
+            await answers.aclose()
 
-    async def _refuse(self, whole: Whole, request_id: str) -> Outcome:
+    async def _refuse(self, whole: Whole, request_id: str, log: RequestLog) -> Outcome:
         """Answer an error before the body was read: read (and drop) it first."""
         if await self._read_body(time.monotonic() + self._max_hold) is None:
             return Outcome.CLOSE
-        return await self._send(whole, request_id)
+        return await self._send(whole, request_id, log=log)
 
-    async def _send(self, whole: Whole, request_id: str, *, close: bool = False) -> Outcome:
+    async def _send(
+        self,
+        whole: Whole,
+        request_id: str,
+        *,
+        close: bool = False,
+        log: RequestLog | None = None,
+    ) -> Outcome:
+        if log is not None:
+            log.status = whole.status
         headers = [("x-request-id", request_id)]
         if close:
             headers.append(("connection", "close"))
@@ -296,8 +418,9 @@ class Connection:
         Closing with unread data would send an RST that can destroy the 413 in flight.
         """
         whole = error(413, f"request body larger than {MAX_BODY} bytes")
-        if await self._send(whole, self._request_id(), close=True) is Outcome.ABORTED:
-            raise _Closed
+        outcome = await self._send(whole, self._request_id(), close=True, log=self._current)
+        if outcome is Outcome.ABORTED:
+            raise _Closed("client", "rst")
         with anyio.move_on_after(_LINGER), contextlib.suppress(Exception):
             self._writer.write_eof()
             while await self._reader.read(_READ_SIZE):
@@ -343,3 +466,33 @@ class Connection:
         except asyncio.CancelledError:
             transport.abort()
             raise
+
+
+def _lenient_chat(body: bytes) -> ChatRequest | None:
+    """The chat request in ``body``, or None when it is not one we understand."""
+    try:
+        return parse_chat(body)
+    except RequestError:
+        return None
+
+
+def _with_body(info: RequestInfo, body: bytes) -> RequestInfo:
+    """``info`` with the ``stream`` and ``model`` of the chat request in ``body``, if any."""
+    chat = _lenient_chat(body)
+    if chat is None:
+        return info
+    return RequestInfo(info.key, info.path, info.method, chat.stream, chat.model)
+
+
+def _merged(chosen: FaultSpec, requested: FaultSpec) -> FaultSpec:
+    """``chosen`` (by a scenario or the mix), with the generic parameters the request gave
+    itself (key, hold, delay, tokens...) where ``chosen`` does not set them; never ``first``,
+    which belongs to the request's own spec."""
+    params = {
+        name: value
+        for name, value in requested.params.items()
+        if name in GENERIC_PARAMS and name != "first" and name not in chosen.params
+    }
+    if not params:
+        return chosen
+    return FaultSpec(chosen.name, {**chosen.params, **params})

@@ -1,35 +1,220 @@
-"""The ``/_fault/`` control endpoints: stats, reset, and the catalogue."""
+"""The ``/_fault/`` control API: stats, reset, catalogue, scenarios, mix, journal, verdicts.
+
+Every change is atomic: the whole request is validated before anything changes, so a bad
+one changes nothing and gets a 400 whose OpenAI-shaped error (``"code": "invalid_control"``)
+says what is wrong. ``PUT`` and ``DELETE`` are idempotent; ``POST /_fault/scenarios`` is too
+for rules that carry an ``id`` (a rule with a known id replaces the old one).
+
+| route | does |
+|---|---|
+| ``GET /_fault/stats`` | counts, per key too |
+| ``POST /_fault/reset`` | zero the counts and the journal; ``{"all": true}`` also disarms |
+| ``GET /_fault/list`` | the catalogue |
+| ``GET/PUT/POST/DELETE /_fault/scenarios`` | read, replace, add to, clear the rules |
+| ``GET/PUT/DELETE /_fault/mix`` | read, set, clear the seeded mix |
+| ``GET /_fault/journal`` | what each connection did |
+| ``GET /_fault/verdict`` | how the client behaved |
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs
 
-from ._faults import FAULTS, GENERIC_PARAMS, ParamInfo
+from ._faults import FAULTS, GENERIC_PARAMS, FaultSpecError, ParamInfo
+from ._mix import Mix
 from ._openai import Whole, error
-from ._stats import Counters
+from ._scenarios import Rule
+from ._state import ServerState
+from ._verdict import judge
 
 __all__ = ["PREFIX", "catalogue", "control"]
 
 PREFIX = "/_fault/"
+_FILTERS = ("key", "request_id", "idempotency_key")
 
 
-def control(method: str, path: str, counters: Counters) -> Whole:
-    """Answer ``GET /_fault/stats``, ``POST /_fault/reset`` or ``GET /_fault/list``."""
-    routes = {"/_fault/stats": "GET", "/_fault/reset": "POST", "/_fault/list": "GET"}
-    wanted = routes.get(path)
-    if wanted is None:
-        return error(404, f"unknown control path {path!r}; known: {', '.join(routes)}")
-    if method != wanted:
-        return error(405, f"{path} takes {wanted}, not {method}")
-    if path == "/_fault/reset":
-        counters.reset()
-    if path == "/_fault/list":
-        return _json(catalogue())
-    stats = dataclasses.asdict(counters.snapshot())
-    stats["keys"] = {k: dataclasses.asdict(v) for k, v in counters.keys().items()}
-    return _json(stats)
+class _Bad(Exception):
+    """A control request that cannot be applied; its message goes into the 400."""
+
+
+def control(method: str, path: str, query: str, body: bytes, state: ServerState) -> Whole:
+    """Answer one control request."""
+    methods = _ROUTES.get(path)
+    if methods is None:
+        known = ", ".join(_ROUTES)
+        return error(404, f"unknown control path {path!r}; known: {known}")
+    handler = methods.get(method)
+    if handler is None:
+        return error(405, f"{path} takes {' or '.join(methods)}, not {method}")
+    try:
+        params = _query(query)
+        data = _body(body)
+        return _json(handler(state, params, data))
+    except (_Bad, FaultSpecError, TypeError) as exc:
+        return error(400, f"{method} {path}: {exc}", code="invalid_control")
+
+
+Handler = Callable[[ServerState, dict[str, str], Any], object]
+
+
+def _stats(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ())
+    stats = dataclasses.asdict(state.counters.snapshot())
+    stats["keys"] = {k: dataclasses.asdict(v) for k, v in state.counters.keys().items()}
+    return stats
+
+
+def _reset(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ())
+    everything = False
+    if data is not None:
+        if not isinstance(data, dict) or set(data) - {"all"}:
+            raise _Bad(f'the body must be empty or {{"all": true}}, got {data!r}')
+        everything = data.get("all", False)
+        if not isinstance(everything, bool):
+            raise _Bad(f"'all' must be true or false, got {everything!r}")
+    if everything:
+        state.scenarios.clear()
+        state.mix.set(None)
+    state.reset()
+    return _stats(state, {}, None)
+
+
+def _list(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ())
+    return catalogue()
+
+
+def _get_scenarios(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ("key",))
+    return {"scenarios": [r.as_dict() for r in state.scenarios.rules(params.get("key"))]}
+
+
+def _put_scenarios(state: ServerState, params: dict[str, str], data: Any) -> object:
+    """Replace every rule, or with ``"key"`` every rule of that key."""
+    _only(params, ())
+    if not isinstance(data, dict) or set(data) - {"scenarios", "key"} or "scenarios" not in data:
+        raise _Bad('the body must be {"scenarios": [...]} with an optional "key"')
+    key = data.get("key")
+    if key is not None and (not isinstance(key, str) or not key):
+        raise _Bad(f"'key' must be a non-empty string, got {key!r}")
+    prefix = f"put-{key}-" if key else "put-"
+    rules = _rules(state, data["scenarios"], key, prefix)
+    state.scenarios.replace(rules, key)
+    return _get_scenarios(state, {"key": key} if key else {}, None)
+
+
+def _post_scenarios(state: ServerState, params: dict[str, str], data: Any) -> object:
+    """Add rules at the end of the queue (a rule whose id is armed replaces it)."""
+    _only(params, ())
+    items = data.get("scenarios") if isinstance(data, dict) and "scenarios" in data else [data]
+    if isinstance(data, dict) and "scenarios" in data and set(data) != {"scenarios"}:
+        raise _Bad('the body must be one scenario or {"scenarios": [...]}')
+    rules = _rules(state, items, None, None)
+    for rule in rules:
+        state.scenarios.add(rule)
+    return {"scenarios": [r.as_dict() for r in state.scenarios.rules()]}
+
+
+def _delete_scenarios(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ("key",))
+    return {"cleared": state.scenarios.clear(params.get("key"))}
+
+
+def _get_mix(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ())
+    mix = state.mix.mix
+    return {"mix": None if mix is None else mix.as_dict()}
+
+
+def _put_mix(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ())
+    state.mix.set(Mix.from_json(data))
+    return _get_mix(state, {}, None)
+
+
+def _delete_mix(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ())
+    state.mix.set(None)
+    return {"mix": None}
+
+
+def _journal(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, _FILTERS)
+    records = state.journal.snapshot(**params)
+    return {"connections": [r.as_dict() for r in records]}
+
+
+def _verdict(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, _FILTERS)
+    if not params:
+        raise _Bad("say whose verdict: ?key=..., ?request_id=... or ?idempotency_key=...")
+    return judge(state.journal.snapshot(**params)).as_dict()
+
+
+_ROUTES: dict[str, dict[str, Handler]] = {
+    "/_fault/stats": {"GET": _stats},
+    "/_fault/reset": {"POST": _reset},
+    "/_fault/list": {"GET": _list},
+    "/_fault/scenarios": {
+        "GET": _get_scenarios,
+        "PUT": _put_scenarios,
+        "POST": _post_scenarios,
+        "DELETE": _delete_scenarios,
+    },
+    "/_fault/mix": {"GET": _get_mix, "PUT": _put_mix, "DELETE": _delete_mix},
+    "/_fault/journal": {"GET": _journal},
+    "/_fault/verdict": {"GET": _verdict},
+}
+
+
+def _rules(state: ServerState, items: object, key: str | None, prefix: str | None) -> list[Rule]:
+    """Validated rules; without an ``id``, a rule is named ``<prefix><position>`` (so that
+    the same PUT twice arms the same rules), or gets a fresh id (``prefix`` None)."""
+    if not isinstance(items, list):
+        raise _Bad(f"'scenarios' must be a list, got {items!r}")
+    rules = []
+    for i, item in enumerate(items):
+        default_id = state.scenarios.new_id() if prefix is None else f"{prefix}{i + 1}"
+        try:
+            rule = Rule.from_json(item, default_id)
+        except FaultSpecError as exc:
+            raise _Bad(f"scenario {i}: {exc}") from None
+        if key is not None:
+            if rule.match.key not in (None, key):
+                raise _Bad(f"scenario {i} matches key {rule.match.key!r}, not {key!r}")
+            rule = dataclasses.replace(rule, match=dataclasses.replace(rule.match, key=key))
+        rules.append(rule)
+    return rules
+
+
+def _query(query: str) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for name, values in parse_qs(query, keep_blank_values=True).items():
+        if len(values) != 1 or not values[0]:
+            raise _Bad(f"query parameter {name!r} must be given once, with a value")
+        params[name] = values[0]
+    return params
+
+
+def _only(params: dict[str, str], allowed: tuple[str, ...]) -> None:
+    unknown = set(params) - set(allowed)
+    if unknown:
+        known = ", ".join(allowed) or "none"
+        raise _Bad(f"unknown query parameter(s) {sorted(unknown)}; known: {known}")
+
+
+def _body(body: bytes) -> Any:
+    if not body.strip():
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _Bad(f"the body is not valid JSON: {exc}") from None
 
 
 def catalogue() -> dict[str, Any]:
@@ -38,6 +223,8 @@ def catalogue() -> dict[str, Any]:
         "faults": [
             {
                 "name": info.name,
+                "group": info.group,
+                "scope": info.scope,
                 "description": info.description,
                 "params": [_param(p) for p in info.params],
             }

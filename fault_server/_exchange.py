@@ -12,22 +12,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import enum
 import http
 import logging
 import math
 import socket
 import struct
+import time
 from collections.abc import Iterable
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import anyio
 import h11
 
+from ._answer import Frames
 from ._faults import FaultSpec
+from ._journal import RequestLog
 from ._openai import ChatRequest, EventStream, Whole, completion_stream
 
-__all__ = ["Exchange", "Outcome", "PeerGone", "PeerWatcher", "whole_bytes"]
+__all__ = [
+    "Exchange",
+    "Outcome",
+    "PeerGone",
+    "PeerWatcher",
+    "Source",
+    "advised_delay",
+    "whole_bytes",
+]
 
 logger = logging.getLogger("fault_server")
 
@@ -61,6 +73,7 @@ class PeerWatcher:
 
     def __init__(self, reader: asyncio.StreamReader, conn: h11.Connection) -> None:
         self.gone = asyncio.Event()
+        self.how: str | None = None  # "fin" or "rst" once gone.
         self._reader = reader
         self._conn = conn
         self._task: asyncio.Task[None] | None = None
@@ -89,13 +102,14 @@ class PeerWatcher:
                 data = await self._reader.read(_READ_SIZE)
                 if not data:
                     self._conn.receive_data(b"")
+                    self.how = "fin"
                     break
                 fed += len(data)
                 self._conn.receive_data(data)
             else:
                 return  # buffered enough: stop reading, and so stop noticing.
         except (ConnectionError, OSError):
-            pass
+            self.how = "rst"
         self.gone.set()
 
 
@@ -108,6 +122,18 @@ def _report_watcher(task: asyncio.Task[None]) -> None:
         logger.error("fault_server: peer watcher failed", exc_info=exc)
 
 
+class Source(Protocol):
+    """Where the healthy answer comes from: made up here, or fetched from an upstream."""
+
+    async def answer(self, stream: bool) -> Whole | Frames:
+        """The answer; ``stream`` says whether an SSE stream was asked for."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the answers hold."""
+        ...
+
+
 class Exchange:
     """The request a fault answers, and the means to answer it (or not)."""
 
@@ -118,42 +144,81 @@ class Exchange:
         writer: asyncio.StreamWriter,
         watcher: PeerWatcher,
         spec: FaultSpec,
-        reply: Whole | EventStream,
         chat: ChatRequest | None,
         request_id: str,
+        source: Source,
+        log: RequestLog | None = None,
     ) -> None:
         self.spec = spec
-        self.reply = reply
         self.chat = chat
+        self.log = log
         self._conn = conn
         self._writer = writer
         self._watcher = watcher
         self._request_id = request_id
+        self._source = source
+        self._answers: dict[bool, Whole | Frames] = {}
 
     # -- what to send ------------------------------------------------------------------
 
     @property
     def stream(self) -> bool:
-        """Whether the healthy answer is an SSE stream (the request said ``stream: true``)."""
-        return isinstance(self.reply, EventStream)
-
-    @property
-    def body(self) -> bytes:
-        """The whole healthy body: JSON, or every SSE frame joined."""
-        return self.reply.body
+        """Whether the request asked for an SSE stream (``"stream": true``)."""
+        return self.chat is not None and self.chat.stream
 
     @property
     def model(self) -> str:
         return self.chat.model if self.chat is not None else "fault-model"
 
+    async def answer(self, stream: bool | None = None) -> Whole | Frames:
+        """The healthy answer: `Frames` for a stream, else a `Whole` (errors are Wholes too).
+
+        ``stream`` overrides what the request asked for. Fetched once per kind, at the first
+        call: a fault that never asks (a stall, a status) never contacts an upstream.
+        """
+        want = self.stream if stream is None else stream
+        if want not in self._answers:
+            self._answers[want] = await self._source.answer(want)
+        return self._answers[want]
+
+    async def whole(self) -> Whole:
+        """The healthy answer as one body (every frame joined, for a stream)."""
+        answer = await self.answer()
+        if isinstance(answer, Whole):
+            return answer
+        body = b"".join(await answer.rest())
+        return Whole(answer.status, body, answer.content_type, answer.headers)
+
     def event_stream(self) -> EventStream:
-        """The healthy answer as a stream, even when the request did not ask for one."""
-        if isinstance(self.reply, EventStream):
-            return self.reply
+        """A stream the server makes up, for faults that write their own chunks."""
         chat = self.chat or ChatRequest(model=self.model, text="", prompt_tokens=0)
         return completion_stream(chat, self.spec.integer("tokens"))
 
     # -- sending -----------------------------------------------------------------------
+
+    def head_bytes(
+        self,
+        status: int = 200,
+        *,
+        content_type: str | None = None,
+        content_length: int | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> bytes:
+        """The status line and headers framed by h11, to be written by the caller (whole
+        or in pieces). Without ``content_length``, HTTP/1.1 is chunked."""
+        if content_type is None:
+            content_type = "text/event-stream" if self.stream else "application/json"
+        fields = [("content-type", content_type), ("x-request-id", self._request_id)]
+        if content_type == "text/event-stream":
+            fields.append(("cache-control", "no-cache"))
+        if content_length is not None:
+            fields.append(("content-length", str(content_length)))
+        fields.extend(headers)
+        if self.log is not None:
+            self.log.status = status
+            self.log.retry_after = advised_delay(fields)
+        response = h11.Response(status_code=status, headers=fields, reason=_reason(status))
+        return self._conn.send(response) or b""
 
     async def send_head(
         self,
@@ -164,37 +229,54 @@ class Exchange:
         headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """Send the status line and headers. Without ``content_length``, HTTP/1.1 is chunked."""
-        if content_type is None:
-            content_type = "text/event-stream" if self.stream else "application/json"
-        fields = [("content-type", content_type), ("x-request-id", self._request_id)]
-        if content_type == "text/event-stream":
-            fields.append(("cache-control", "no-cache"))
-        if content_length is not None:
-            fields.append(("content-length", str(content_length)))
-        fields.extend(headers)
-        reason = _reason(status)
-        await self._write(
-            self._conn.send(h11.Response(status_code=status, headers=fields, reason=reason))
+        await self.write(
+            self.head_bytes(
+                status, content_type=content_type, content_length=content_length, headers=headers
+            )
         )
+
+    async def send_answer_head(
+        self, answer: Whole | Frames, *, content_length: int | None = None
+    ) -> None:
+        """The head for ``answer``: its status, content type and passed-on headers."""
+        headers = answer.headers
+        await self.send_head(
+            answer.status,
+            content_type=answer.content_type,
+            content_length=content_length,
+            headers=headers,
+        )
+
+    def data_bytes(self, data: bytes) -> bytes:
+        """Body bytes framed by h11 (a chunk when chunked), to be written by the caller."""
+        return (self._conn.send(h11.Data(data=data)) or b"") if data else b""
 
     async def send_data(self, data: bytes) -> None:
         """Send body bytes, framed by h11 (a chunk when chunked)."""
-        if data:
-            await self._write(self._conn.send(h11.Data(data=data)))
+        await self.write(self.data_bytes(data))
+
+    def end_bytes(self) -> bytes:
+        return self._conn.send(h11.EndOfMessage()) or b""
 
     async def send_end(self) -> None:
         """End the body well (the chunked terminator when chunked)."""
-        await self._write(self._conn.send(h11.EndOfMessage()))
+        await self.write(self.end_bytes())
 
     async def send_whole(self, whole: Whole, headers: tuple[tuple[str, str], ...] = ()) -> Outcome:
         """Send a complete, well-framed response."""
         fields = (("x-request-id", self._request_id), *headers)
-        await self._write(whole_bytes(self._conn, whole, fields))
+        if self.log is not None:
+            self.log.status = whole.status
+            self.log.retry_after = advised_delay((*fields, *whole.headers))
+        await self.write(whole_bytes(self._conn, whole, fields))
         return Outcome.KEEP
 
-    async def _write(self, data: bytes | None) -> None:
+    async def write(self, data: bytes | None) -> None:
+        """Write bytes already framed (by the methods above) and wait for the buffer to drain."""
         if not data:
             return
+        if self.log is not None:
+            self.log.bytes_sent += len(data)
         try:
             self._writer.write(data)
             await self._writer.drain()
@@ -219,17 +301,27 @@ class Exchange:
         await self.sleep(math.inf)
         raise PeerGone  # sleep(inf) only returns by raising; this is for the type checker.
 
-    async def reset(self) -> Outcome:
-        """Flush what was written, then abort the connection with a TCP RST."""
+    async def flush(self) -> None:
+        """Wait until what was written has left the process's buffer."""
         transport = self._writer.transport
         while transport.get_write_buffer_size() and not transport.is_closing():
             await self.sleep(0.005)
+
+    async def reset(self) -> Outcome:
+        """Flush what was written, then abort the connection with a TCP RST."""
+        await self.flush()
         sock = self._writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        transport.abort()
+        self._writer.transport.abort()
         return Outcome.ABORTED
+
+    async def half_close(self) -> None:
+        """Flush, then shut down our sending side (a FIN); the socket stays open to read."""
+        await self.flush()
+        with contextlib.suppress(OSError, RuntimeError):
+            self._writer.write_eof()
 
 
 def whole_bytes(
@@ -240,7 +332,7 @@ def whole_bytes(
     head_only: bool = False,
 ) -> bytes:
     """A complete response framed by h11; without body for HEAD, 204 and 304, as HTTP says."""
-    fields = [("content-type", whole.content_type), *headers]
+    fields = [("content-type", whole.content_type), *headers, *whole.headers]
     bodyless = head_only or whole.status in (204, 304)
     if whole.status != 204:
         fields.append(("content-length", str(len(whole.body))))
@@ -249,6 +341,27 @@ def whole_bytes(
     if not bodyless:
         out += conn.send(h11.Data(data=whole.body)) or b""
     return out + (conn.send(h11.EndOfMessage()) or b"")
+
+
+def advised_delay(headers: Iterable[tuple[str, str]]) -> float | None:
+    """The delay a response advises, in seconds: ``retry-after-ms`` first (as the openai
+    SDK reads it), else ``Retry-After`` as seconds or as an HTTP date; None if neither."""
+    millis: float | None = None
+    seconds: float | None = None
+    for name, value in headers:
+        name = name.lower()
+        if name == "retry-after-ms":
+            with contextlib.suppress(ValueError):
+                millis = float(value) / 1000
+        elif name == "retry-after":
+            try:
+                seconds = float(value)
+            except ValueError:
+                with contextlib.suppress(TypeError, ValueError):
+                    when = email.utils.parsedate_to_datetime(value)
+                    seconds = when.timestamp() - time.time()
+    delay = millis if millis is not None else seconds
+    return None if delay is None or not math.isfinite(delay) else max(0.0, delay)
 
 
 def _reason(status: int) -> bytes:

@@ -64,6 +64,7 @@ class Whole:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()  # passed on from an upstream, or the fault's.
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,12 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 
-from ._faults import ParamValue
+from ._faults import FaultSpec, ParamValue
+from ._journal import ConnectionRecord
+from ._mix import Mix
+from ._scenarios import Rule
+from ._scope import FaultScope
 from ._server import FaultServer
 from ._stats import KeyStats, ServerStats
+from ._verdict import Verdict
 
 __all__ = ["ServerThread", "running"]
 
@@ -27,15 +32,22 @@ class ServerThread:
     """A handle on a `FaultServer` that runs in a daemon thread; same URLs and stats.
 
     Args:
-        host, port, max_hold: as for `FaultServer`.
+        host, port, max_hold, upstream: as for `FaultServer`.
 
     Example:
         >>> with fault_server.running() as srv:  # doctest: +SKIP
         ...     openai.OpenAI(base_url=srv.url("reset"), api_key="x")
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, max_hold: float = 30.0) -> None:
-        self._server = FaultServer(host=host, port=port, max_hold=max_hold)
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_hold: float = 30.0,
+        *,
+        upstream: str | None = None,
+    ) -> None:
+        self._server = FaultServer(host=host, port=port, max_hold=max_hold, upstream=upstream)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,7 +115,7 @@ class ServerThread:
         finally:
             await self._server.aclose()
 
-    # -- the same read-only surface as FaultServer; pure or lock-guarded, so thread-safe --
+    # -- the same surface as FaultServer; pure or lock-guarded, so thread-safe -----------
 
     @property
     def server(self) -> FaultServer:
@@ -114,6 +126,11 @@ class ServerThread:
     def max_hold(self) -> float:
         """The cap on every fault's ``hold``, in seconds."""
         return self._server.max_hold
+
+    @property
+    def upstream(self) -> str | None:
+        """The real server's base URL in proxy mode, else None."""
+        return self._server.upstream
 
     @property
     def port(self) -> int:
@@ -146,10 +163,96 @@ class ServerThread:
         """As `FaultServer.reset_stats`."""
         self._server.reset_stats()
 
+    def reset(self) -> None:
+        """As `FaultServer.reset`."""
+        self._server.reset()
+
+    def scenario(
+        self,
+        fault: str | FaultSpec = "healthy",
+        /,
+        *,
+        times: int | None = None,
+        key: str | None = None,
+        path: str | None = None,
+        method: str | None = None,
+        stream: bool | None = None,
+        model: str | None = None,
+        rule_id: str | None = None,
+        **params: ParamValue,
+    ) -> Rule:
+        """As `FaultServer.scenario`."""
+        return self._server.scenario(
+            fault,
+            times=times,
+            key=key,
+            path=path,
+            method=method,
+            stream=stream,
+            model=model,
+            rule_id=rule_id,
+            **params,
+        )
+
+    def scenarios(self, key: str | None = None) -> tuple[Rule, ...]:
+        """As `FaultServer.scenarios`."""
+        return self._server.scenarios(key)
+
+    def clear_scenarios(self, key: str | None = None) -> int:
+        """As `FaultServer.clear_scenarios`."""
+        return self._server.clear_scenarios(key)
+
+    def set_mix(
+        self,
+        weights: Mapping[str, float] | Mapping[FaultSpec, float],
+        *,
+        seed: int = 0,
+        key: str | None = None,
+    ) -> Mix:
+        """As `FaultServer.set_mix`."""
+        return self._server.set_mix(weights, seed=seed, key=key)
+
+    def clear_mix(self) -> None:
+        """As `FaultServer.clear_mix`."""
+        self._server.clear_mix()
+
+    @property
+    def mix(self) -> Mix | None:
+        """As `FaultServer.mix`."""
+        return self._server.mix
+
+    def journal(
+        self,
+        key: str | None = None,
+        *,
+        request_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[ConnectionRecord, ...]:
+        """As `FaultServer.journal`."""
+        return self._server.journal(key, request_id=request_id, idempotency_key=idempotency_key)
+
+    def verdict(
+        self,
+        key: str | None = None,
+        *,
+        request_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Verdict:
+        """As `FaultServer.verdict`."""
+        return self._server.verdict(key, request_id=request_id, idempotency_key=idempotency_key)
+
+    def scope(self, key: str) -> FaultScope:
+        """As `FaultServer.scope`."""
+        return FaultScope(self, key)
+
 
 @contextlib.contextmanager
 def running(
-    host: str = "127.0.0.1", port: int = 0, max_hold: float = 30.0
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_hold: float = 30.0,
+    *,
+    upstream: str | None = None,
 ) -> Iterator[ServerThread]:
     """Run a `FaultServer` in a daemon thread for the duration of a ``with`` block.
 
@@ -157,7 +260,7 @@ def running(
         >>> with running(port=0) as srv:  # doctest: +SKIP
         ...     httpx.get(srv.url() + "/models")
     """
-    thread = ServerThread(host=host, port=port, max_hold=max_hold)
+    thread = ServerThread(host=host, port=port, max_hold=max_hold, upstream=upstream)
     thread.start()
     try:
         yield thread

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import socket
+from collections.abc import Mapping
 from types import TracebackType
 
 import anyio
@@ -13,14 +14,21 @@ import anyio
 from ._blackhole import Blackhole
 from ._connection import Connection
 from ._faults import FaultSpec, ParamValue
-from ._stats import Counters, KeyStats, ServerStats
+from ._journal import ConnectionRecord
+from ._mix import Mix
+from ._scenarios import Match, Rule, build_spec
+from ._scope import FaultScope
+from ._state import ServerState
+from ._stats import KeyStats, ServerStats
+from ._upstream import Upstream
+from ._verdict import Verdict, judge
 
 __all__ = ["FaultServer"]
 
 logger = logging.getLogger("fault_server")
 
 _SHUTDOWN = 0.5  # bounds how long aclose() waits for cancelled connections to finish.
-_BACKLOG = 512
+_BACKLOG = 4096  # Linux's default somaxconn: bursts of connects are queued, not dropped.
 
 
 class FaultServer:
@@ -35,16 +43,27 @@ class FaultServer:
         port: port to bind; 0 lets the kernel choose.
         max_hold: most seconds any fault, request read or idle keep-alive connection may
             last before the server closes the connection itself.
+        upstream: proxy mode: the base URL (``http://host:port/v1``) of a real
+            OpenAI-compatible server whose answers the faults deliver, instead of the
+            answers the server makes up.
 
     Raises:
-        ValueError: for a port outside 0..65535 or a max_hold that is not a positive number.
+        ValueError: for a port outside 0..65535, a max_hold that is not a positive number,
+            or an upstream that is not an http(s) URL.
 
     Example:
         >>> async with FaultServer() as srv:  # doctest: +SKIP
         ...     client = openai.AsyncOpenAI(base_url=srv.url("sse_stall"), api_key="x")
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, max_hold: float = 30.0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_hold: float = 30.0,
+        *,
+        upstream: str | None = None,
+    ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an integer in 0..65535, got {port!r}")
         if (
@@ -57,7 +76,10 @@ class FaultServer:
         self._host = host
         self._port = port
         self._max_hold = float(max_hold)
-        self._counters = Counters()
+        self._state = ServerState(
+            self._max_hold, upstream=None if upstream is None else Upstream(upstream)
+        )
+        self._counters = self._state.counters
         self._server: asyncio.Server | None = None
         self._address: tuple[str, int] | None = None
         self._blackhole: Blackhole | None = None
@@ -78,7 +100,9 @@ class FaultServer:
         sock = _bind(self._host, self._port)
         host, port = sock.getsockname()[:2]
         try:
-            self._server = await asyncio.start_server(self._on_connect, sock=sock)
+            if self._state.upstream is not None:
+                await self._state.upstream.start()
+            self._server = await asyncio.start_server(self._on_connect, sock=sock, backlog=_BACKLOG)
             self._blackhole = Blackhole(host)
             await self._blackhole.open()
         except BaseException:
@@ -107,6 +131,9 @@ class FaultServer:
                 )
         if self._blackhole is not None:
             self._blackhole.close()
+        if self._state.upstream is not None:
+            with anyio.move_on_after(_SHUTDOWN):
+                await self._state.upstream.aclose()
         if self._server is not None:
             with anyio.move_on_after(_SHUTDOWN) as scope:
                 await self._server.wait_closed()
@@ -132,8 +159,10 @@ class FaultServer:
             return
         self._tasks.add(task)
         self._counters.connection_opened()
+        peer = writer.get_extra_info("peername")
+        log = self._state.journal.open(_peer(peer))
         try:
-            await Connection(reader, writer, self._counters, self._max_hold).serve()
+            await Connection(reader, writer, self._state, log).serve()
         except asyncio.CancelledError:
             # Only aclose() cancels us, and it waits for us without reading our outcome:
             # ending quietly also spares the start_server done-callback of some Python
@@ -151,6 +180,11 @@ class FaultServer:
     def max_hold(self) -> float:
         """The cap on every fault's ``hold``, in seconds."""
         return self._max_hold
+
+    @property
+    def upstream(self) -> str | None:
+        """The real server's base URL in proxy mode, else None."""
+        return None if self._state.upstream is None else self._state.upstream.url
 
     @property
     def port(self) -> int:
@@ -208,8 +242,139 @@ class FaultServer:
         return self._counters.key(key)
 
     def reset_stats(self) -> None:
-        """Zero the counts and the per-key sequences (``first=N`` starts over)."""
-        self._counters.reset()
+        """Zero the counts and the per-key sequences (``first=N`` starts over), restart the
+        mix's draws and empty the journal. Armed scenarios and the mix stay."""
+        self._state.reset()
+
+    def reset(self) -> None:
+        """`reset_stats`, and disarm every scenario and the mix: as freshly started."""
+        self._state.scenarios.clear()
+        self._state.mix.set(None)
+        self._state.reset()
+
+    # -- scenarios and mix ---------------------------------------------------------------
+
+    def scenario(
+        self,
+        fault: str | FaultSpec = "healthy",
+        /,
+        *,
+        times: int | None = None,
+        key: str | None = None,
+        path: str | None = None,
+        method: str | None = None,
+        stream: bool | None = None,
+        model: str | None = None,
+        rule_id: str | None = None,
+        **params: ParamValue,
+    ) -> Rule:
+        """Arm ``fault`` for the requests that match, ``times`` times (None: every time).
+
+        Requests take the first armed rule that matches them and has uses left; a request
+        that names its fault in an ``X-Fault`` header ignores the rules. "Fail twice, then
+        answer" is ``scenario("status", code=503, times=2, key=k)``.
+
+        Args:
+            fault: a name from `FAULTS` (with ``params``), a spec text, or a `FaultSpec`.
+            times: how many requests it applies to; None for all of them.
+            key, path, method, stream, model: what a request must match (see `Match`);
+                ``key`` is the request's sequence key (``url(key=...)`` or ``X-Fault-Key``).
+            rule_id: names the rule; re-arming the same id replaces it.
+            **params: the fault's parameters.
+
+        Raises:
+            FaultSpecError: for a bad fault, parameter, match or ``times``.
+
+        Example:
+            >>> srv.scenario("status", code=503, times=2, key="job-7")  # doctest: +SKIP
+        """
+        spec = build_spec(fault, params)
+        rule = Rule(
+            id=rule_id or self._state.scenarios.new_id(),
+            spec=spec,
+            match=Match(key=key, path=path, method=method, stream=stream, model=model),
+            times=times,
+        )
+        return self._state.scenarios.add(rule)
+
+    def scenarios(self, key: str | None = None) -> tuple[Rule, ...]:
+        """The armed rules (those matching ``key`` if given), with their uses left."""
+        return self._state.scenarios.rules(key)
+
+    def clear_scenarios(self, key: str | None = None) -> int:
+        """Disarm every rule, or those matching ``key``; returns how many."""
+        return self._state.scenarios.clear(key)
+
+    def set_mix(
+        self,
+        weights: Mapping[str, float] | Mapping[FaultSpec, float],
+        *,
+        seed: int = 0,
+        key: str | None = None,
+    ) -> Mix:
+        """Serve a seeded random mix of faults to requests that nothing else chose.
+
+        Args:
+            weights: fault spec (text or `FaultSpec`) to probability; they sum to at most 1,
+                the rest is healthy.
+            seed: the same seed gives the same faults to the n-th request of each key.
+            key: apply only to requests with this key.
+
+        Raises:
+            FaultSpecError: for a bad spec, weight or seed.
+
+        Example:
+            >>> srv.set_mix({"status;code=503": 0.2, "sse_stall": 0.1}, seed=7)  # doctest: +SKIP
+        """
+        mix = Mix.of(weights, seed, key)
+        self._state.mix.set(mix)
+        return mix
+
+    def clear_mix(self) -> None:
+        """Stop the mix."""
+        self._state.mix.set(None)
+
+    @property
+    def mix(self) -> Mix | None:
+        """The mix in force, if any."""
+        return self._state.mix.mix
+
+    # -- journal and verdicts ------------------------------------------------------------
+
+    def journal(
+        self,
+        key: str | None = None,
+        *,
+        request_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[ConnectionRecord, ...]:
+        """What each connection did, oldest first; filtered, the connections with requests
+        that match (and only those requests). Safe from any thread."""
+        return self._state.journal.snapshot(
+            key=key, request_id=request_id, idempotency_key=idempotency_key
+        )
+
+    def verdict(
+        self,
+        key: str | None = None,
+        *,
+        request_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Verdict:
+        """How the client behaved over the requests with this key, x-request-id or
+        Idempotency-Key: attempts and their spacing, when it gave up, what it left
+        dangling, whether it honoured Retry-After. See `Verdict`.
+
+        Raises:
+            ValueError: if no filter is given.
+        """
+        if key is None and request_id is None and idempotency_key is None:
+            raise ValueError("verdict() needs a key, a request_id or an idempotency_key")
+        return judge(self.journal(key, request_id=request_id, idempotency_key=idempotency_key))
+
+    def scope(self, key: str) -> FaultScope:
+        """A `FaultScope`: URLs, scenarios, stats and verdicts for one key."""
+        return FaultScope(self, key)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -228,6 +393,12 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _peer(peer: object) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{_url_host(str(peer[0]))}:{peer[1]}"
+    return str(peer)
 
 
 def _url_host(host: str) -> str:

@@ -5,6 +5,9 @@
   it, and a test whose client blocks cannot stall it.
 - ``fault_key`` (function): a key unique to the test, so that ``key=...;first=N`` sequences
   and `key_stats` never mix between tests (or between runs of a shared server).
+- ``fault_scope`` (function): a `FaultScope` of the shared server with the test's key:
+  URLs, scenarios, stats, journal and verdict for that key only; its scenarios (and its
+  mix) are disarmed when the test ends.
 
 The ``fault_server_max_hold`` ini option caps every fault's ``hold`` (default 30 s).
 """
@@ -18,8 +21,9 @@ from collections.abc import Iterator
 import pytest
 
 from ._runner import ServerThread, running
+from ._scope import FaultScope
 
-__all__ = ["fault_key", "fault_server"]
+__all__ = ["fault_key", "fault_scope", "fault_server"]
 
 _DEFAULT_MAX_HOLD = 30.0
 
@@ -45,3 +49,13 @@ def fault_key(request: pytest.FixtureRequest) -> str:
     """A key unique to this test: its name made URL-safe, and random hex."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name).strip("-")[:60]
     return f"{name}-{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def fault_scope(fault_server: ServerThread, fault_key: str) -> Iterator[FaultScope]:
+    """The shared server seen through this test's key; disarmed when the test ends."""
+    scope = fault_server.scope(fault_key)
+    try:
+        yield scope
+    finally:
+        scope.clear()

@@ -1,0 +1,268 @@
+"""Faults of the event stream and of OpenAI's chunk format: pings, [DONE] misplaced, error
+events, unusual but valid SSE framing, long or endless lines, broken usage, tool calls split
+in awkward places.
+
+Faults that rewrite the healthy stream (``sse_crlf``, ``bad_usage``...) work on whatever the
+answer is, so in proxy mode they rewrite the upstream's real stream; faults that need a
+particular answer (the tool faults, pings, endless lines) make it up.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._answer import Frames, frame_json, is_done
+from ._exchange import Exchange, Outcome
+from ._openai import DONE, Whole, error
+from ._sending import Behaviour, healthy, send_frames
+from ._tools import (
+    TRICKY_ARGUMENTS,
+    TRICKY_PIECES,
+    inside_utf8,
+    tool_completion,
+    tool_frames,
+)
+
+__all__ = ["SSE_FAULTS"]
+
+_TOOL = "lookup"  # the function called when the request offers no tools.
+
+
+async def sse_pings(ex: Exchange) -> Outcome:
+    name = ex.spec.text("event") or "ping"
+    ping = f'event: {name}\ndata: {{"type": {json.dumps(name)}}}\n\n'.encode()
+    await ex.send_head(content_type="text/event-stream")
+    await ex.send_data(ex.event_stream().events[0])
+    while True:
+        await ex.sleep(ex.spec.number("interval"))
+        await ex.send_data(ping)
+
+
+async def done_then_hold(ex: Exchange) -> Outcome:
+    answer = await ex.answer()
+    await ex.send_head(answer.status, content_type=answer.content_type, headers=answer.headers)
+    if isinstance(answer, Frames):
+        await send_frames(ex, answer)
+    else:
+        await ex.send_data(answer.body)
+    await ex.stall()
+
+
+async def data_after_done(ex: Exchange) -> Outcome:
+    answer = await ex.answer()
+    if not isinstance(answer, Frames):
+        return await ex.send_whole(answer)
+    await ex.send_answer_head(answer)
+    await send_frames(ex, answer)
+    await ex.send_data(answer.chunk({"content": " after-done"}))
+    await ex.send_data(answer.chunk({}, "stop"))
+    await ex.send_data(DONE)
+    await ex.send_end()
+    return Outcome.KEEP
+
+
+async def error_event(ex: Exchange) -> Outcome:
+    failure = error(500, "fault_server: injected error event mid-stream").body
+    answer = await ex.answer()
+    if not isinstance(answer, Frames):
+        return await ex.send_whole(Whole(200, failure))
+    await ex.send_answer_head(answer)
+    await send_frames(ex, answer, 1 + ex.spec.integer("after"))
+    prefix = b"event: error\n" if ex.spec.get("event") else b""
+    await ex.send_data(prefix + b"data: " + failure + b"\n\n")
+    await ex.send_end()
+    return Outcome.KEEP
+
+
+async def sse_crlf(ex: Exchange) -> Outcome:
+    eol = b"\r\n" if ex.spec.text("eol") == "crlf" else b"\r"
+    return await _rewritten(ex, lambda frame: frame.replace(b"\n", eol))
+
+
+async def sse_multiline(ex: Exchange) -> Outcome:
+    count = 0
+
+    def spread(frame: bytes) -> bytes:
+        nonlocal count
+        data = frame_json(frame)
+        if data is None:
+            return frame
+        count += 1
+        lines = [f"id: {count}", "retry: 3000", ": the data of this event spans lines"]
+        lines += ["data: " + line for line in json.dumps(data, indent=1).split("\n")]
+        return ("\n".join(lines) + "\n\n").encode()
+
+    return await _rewritten(ex, spread)
+
+
+async def sse_long_line(ex: Exchange) -> Outcome:
+    answer = await ex.answer()
+    if not isinstance(answer, Frames):
+        return await ex.send_whole(answer)
+    await ex.send_answer_head(answer)
+    await send_frames(ex, answer, 1)
+    empty = answer.chunk({"content": ""})
+    fill = max(0, ex.spec.integer("size") - len(empty) + 2)  # +2: the blank line is not in it.
+    await ex.send_data(answer.chunk({"content": ("lorem " * (fill // 6 + 1))[:fill]}))
+    await send_frames(ex, answer)
+    await ex.send_end()
+    return Outcome.KEEP
+
+
+async def endless_line(ex: Exchange) -> Outcome:
+    stream = ex.event_stream()
+    await ex.send_head(content_type="text/event-stream")
+    await ex.send_data(stream.events[0])
+    opening = stream.chunk({"content": "echo:"})
+    await ex.send_data(opening[: opening.index(b'echo:"') + len(b"echo:")])
+    while True:
+        await ex.sleep(ex.spec.number("interval"))
+        await ex.send_data(b" lorem")
+
+
+async def bad_usage(ex: Exchange) -> Outcome:
+    mode = ex.spec.text("mode")
+    answer = await ex.answer()
+    if isinstance(answer, Whole):
+        data = _json(answer.body)
+        if mode == "early" or not isinstance(data, dict) or "usage" not in data:
+            return await ex.send_whole(answer)
+        if mode == "missing":
+            del data["usage"]
+        else:
+            data["usage"] = None
+        return await ex.send_whole(Whole(answer.status, _dumps(data), headers=answer.headers))
+    await ex.send_answer_head(answer)
+    if mode == "early":
+        frames = await answer.rest()
+        usage = [f for f in frames if _is_usage(f)]
+        others = [f for f in frames if not _is_usage(f)]
+        for frame in others[:1] + usage + others[1:]:
+            await ex.send_data(frame)
+    elif mode == "missing":
+        await send_frames(ex, answer, transform=lambda f: b"" if _is_usage(f) else f)
+    else:
+        await send_frames(ex, answer, transform=_null_usage)
+    await ex.send_end()
+    return Outcome.KEEP
+
+
+async def tool_split(ex: Exchange) -> Outcome:
+    if not ex.stream:
+        body = tool_completion(ex.model, [(_tool(ex), TRICKY_ARGUMENTS)])
+        await ex.send_head(content_length=len(body))
+        cut = inside_utf8(body) or len(body) // 2
+        await ex.send_data(body[:cut])
+        await ex.sleep(0.01)  # a pause, so the halves arrive apart.
+        await ex.send_data(body[cut:])
+        await ex.send_end()
+        return Outcome.KEEP
+    await ex.send_head()
+    for frame in tool_frames(ex.model, [(0, _tool(ex), TRICKY_PIECES)]):
+        inside = inside_utf8(frame)
+        if inside is None:
+            await ex.send_data(frame)
+            continue
+        await ex.send_data(frame[:inside])
+        await ex.sleep(0.01)
+        await ex.send_data(frame[inside:])
+    await ex.send_end()
+    return Outcome.KEEP
+
+
+async def index_gap(ex: Exchange) -> Outcome:
+    first, second = '{"text": "first"}', '{"text": "second"}'
+    if not ex.stream:
+        return await ex.send_whole(
+            Whole(200, tool_completion(ex.model, [(_tool(ex), first), (_tool(ex), second)]))
+        )
+    calls = [(0, _tool(ex), _halves(first)), (2, _tool(ex), _halves(second))]
+    return await _send_frames_whole(ex, tool_frames(ex.model, calls))
+
+
+async def tool_args_unclosed(ex: Exchange) -> Outcome:
+    text = "echo: " + (ex.chat.text if ex.chat is not None else "")
+    arguments = json.dumps({"text": text})[:-2]  # no closing quote, no closing brace.
+    if not ex.stream:
+        return await ex.send_whole(Whole(200, tool_completion(ex.model, [(_tool(ex), arguments)])))
+    return await _send_frames_whole(ex, tool_frames(ex.model, [(0, _tool(ex), _halves(arguments))]))
+
+
+async def json_for_stream(ex: Exchange) -> Outcome:
+    if not ex.stream:
+        return await healthy(ex)
+    answer = await ex.answer(stream=False)
+    if isinstance(answer, Frames):  # an upstream that streams anyway: send it joined.
+        body = b"".join(await answer.rest())
+        answer = Whole(answer.status, body, "application/json", answer.headers)
+    return await ex.send_whole(answer)
+
+
+async def _rewritten(ex: Exchange, rewrite: Any) -> Outcome:
+    answer = await ex.answer()
+    if not isinstance(answer, Frames):
+        return await ex.send_whole(answer)
+    await ex.send_answer_head(answer)
+    await send_frames(ex, answer, transform=rewrite)
+    await ex.send_end()
+    return Outcome.KEEP
+
+
+async def _send_frames_whole(ex: Exchange, frames: list[bytes]) -> Outcome:
+    await ex.send_head()
+    for frame in frames:
+        await ex.send_data(frame)
+    await ex.send_end()
+    return Outcome.KEEP
+
+
+def _tool(ex: Exchange) -> str:
+    return (ex.chat.tool_name if ex.chat is not None else None) or _TOOL
+
+
+def _halves(text: str) -> tuple[str, str]:
+    return text[: len(text) // 2], text[len(text) // 2 :]
+
+
+def _is_usage(frame: bytes) -> bool:
+    data = frame_json(frame)
+    return isinstance(data, dict) and data.get("choices") == [] and "usage" in data
+
+
+def _null_usage(frame: bytes) -> bytes:
+    if is_done(frame):
+        return frame
+    data = frame_json(frame)
+    if not isinstance(data, dict) or "usage" not in data:
+        return frame
+    data["usage"] = None
+    return b"data: " + _dumps(data) + b"\n\n"
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def _dumps(data: object) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+SSE_FAULTS: dict[str, Behaviour] = {
+    "sse_pings": sse_pings,
+    "done_then_hold": done_then_hold,
+    "data_after_done": data_after_done,
+    "error_event": error_event,
+    "sse_crlf": sse_crlf,
+    "sse_multiline": sse_multiline,
+    "sse_long_line": sse_long_line,
+    "endless_line": endless_line,
+    "bad_usage": bad_usage,
+    "tool_split": tool_split,
+    "index_gap": index_gap,
+    "tool_args_unclosed": tool_args_unclosed,
+    "json_for_stream": json_for_stream,
+}

@@ -1,0 +1,31 @@
+"""Everything a server's connections share: its bounds, counters, journal and armed faults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._journal import Journal
+from ._mix import MixState
+from ._scenarios import Scenarios
+from ._stats import Counters
+from ._upstream import Upstream
+
+__all__ = ["ServerState"]
+
+
+@dataclass(eq=False, slots=True)
+class ServerState:
+    """The shared state of one `FaultServer`; each part is safe from any thread."""
+
+    max_hold: float
+    counters: Counters = field(default_factory=Counters)
+    journal: Journal = field(default_factory=Journal)
+    scenarios: Scenarios = field(default_factory=Scenarios)
+    mix: MixState = field(default_factory=MixState)
+    upstream: Upstream | None = None
+
+    def reset(self) -> None:
+        """Zero the counts, restart the sequences and the mix's draws, empty the journal."""
+        self.counters.reset()
+        self.journal.clear()
+        self.mix.set(self.mix.mix)
