@@ -309,3 +309,27 @@ async def test_sigusr1_dumps_the_table(fault_server: Any, make_client: Any) -> N
     text = out.getvalue()
     assert "1 calls in flight (1 stalled)" in text and "awaiting headers" in text
     assert "STALLED" in text and KEY not in text
+
+
+async def test_breaker_changes_are_span_events(
+    fault_server: Any, fault_key: str, make_client: Any, spans: Any
+) -> None:
+    provider, exporter = spans
+    client = make_client(
+        fault_server.url(),
+        tracer_provider=provider,
+        breaker=stallproof.Breaker(fail_max=1, reset_timeout=0.2),
+    )
+    with pytest.raises(stallproof.InternalServerError):
+        await client.chat.completions.create(
+            model="m", messages=MSGS, extra_headers={"X-Fault": f"status;code=503;key={fault_key}"}
+        )
+    await anyio.sleep(0.25)
+    await client.chat.completions.create(model="m", messages=MSGS)  # the probe, healthy
+    changes = [
+        (e.attributes["stallproof.breaker.from"], e.attributes["stallproof.breaker.to"])
+        for s in exporter.get_finished_spans()
+        for e in s.events
+        if e.name == "stallproof.breaker_state_change"
+    ]
+    assert changes == [("closed", "open"), ("open", "closed")]

@@ -306,8 +306,8 @@ class Client:
             n = next(attempts)
             call.start_attempt(n)
             request.headers["x-stallproof-attempt"] = f"{n}/{policy.attempts}"
-            ticket = circuit.admit() if circuit is not None else None
             before = circuit.state if circuit is not None else ""
+            ticket = circuit.admit() if circuit is not None else None
             observer.attempt_started(n, request)
             try:
                 result = await self._attempt(request, call)
