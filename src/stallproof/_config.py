@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Final, Literal
+from typing import Final
 
 from ._exceptions import InvalidRequestError
 
@@ -137,6 +137,3 @@ class Limits:
                 "Limits.max_keepalive_connections must be <= max_connections, got "
                 f"{self.max_keepalive_connections} > {self.max_connections}"
             )
-
-
-Bound = Literal["connect", "read", "write", "pool", "first_token", "idle", "total"]

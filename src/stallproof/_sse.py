@@ -96,8 +96,3 @@ class SSEDecoder:
             self._id = value
         # `retry:` and unknown fields are ignored, as the spec says.
         return None
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held for an incomplete line."""
-        return len(self._buf)
