@@ -56,8 +56,8 @@ class Timeouts:
             pings, empty deltas and keep-alive bytes do not reset it. Time the caller spends
             holding a chunk is not counted. Default 60.
         total: the whole call: pool wait, connect, send, headers, the whole body or the whole
-            stream as the caller iterates it (and, once they exist, pacing, retries and
-            backoff). When it runs out the call raises `TotalTimeout` wherever it is.
+            stream as the caller iterates it, the pacer's queue, every retry and every
+            backoff. When it runs out the call raises `TotalTimeout` wherever it is.
             Default 600.
 
     A float passed as ``timeout=`` means ``Timeouts(total=that)``.
