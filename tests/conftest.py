@@ -58,6 +58,33 @@ def assert_pool_clean(client: stallproof.Client) -> None:
     assert state["active"] == 0, state
 
 
+async def complete(client: stallproof.Client, *, stream: bool, **kwargs: Any) -> None:
+    """One call as a caller makes it: for a stream, read every chunk."""
+    kwargs.setdefault("model", "m")
+    kwargs.setdefault("messages", [{"role": "user", "content": "hello there"}])
+    if stream:
+        s = await client.chat.completions.create(stream=True, **kwargs)
+        async for _ in s:
+            pass
+    else:
+        await client.chat.completions.create(**kwargs)
+
+
+async def hold_the_only_connection(
+    make_client: Any, fault_server: Any
+) -> tuple[stallproof.Client, stallproof.AsyncStream]:
+    """A one-connection client whose connection is held by a stream stalled mid-way."""
+    client: stallproof.Client = make_client(
+        fault_server.url("sse_stall", after=1, hold=20),
+        limits=stallproof.Limits(max_connections=1, max_keepalive_connections=1),
+    )
+    holder = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hello there"}], stream=True
+    )
+    await holder.__anext__()
+    return client, holder
+
+
 @pytest.fixture
 async def make_client() -> AsyncIterator[Any]:
     """Factory of clients that are closed, and checked for leaks, at the end of the test.

@@ -15,7 +15,7 @@ import pytest
 import stallproof
 from stallproof import Timeouts
 
-from .conftest import MARGIN, assert_pool_clean, stopwatch
+from .conftest import MARGIN, assert_pool_clean, complete, hold_the_only_connection, stopwatch
 
 pytestmark = pytest.mark.anyio
 
@@ -106,14 +106,7 @@ async def test_fault_ends_with_the_bound_that_fired(
     client = make_client(fault_server.url(case.fault, hold=HOLD, **case.params))
     limit = getattr(case.timeouts, case.expect.bound)
     with stopwatch() as elapsed, pytest.raises(case.expect) as info:
-        if case.stream:
-            stream = await client.chat.completions.create(
-                model="m", messages=MSGS, stream=True, timeout=case.timeouts
-            )
-            async for _ in stream:
-                pass
-        else:
-            await client.chat.completions.create(model="m", messages=MSGS, timeout=case.timeouts)
+        await complete(client, stream=case.stream, timeout=case.timeouts)
     err = info.value
     assert elapsed[0] <= limit + MARGIN, f"{elapsed[0]:.3f}s for a {limit}s {err.bound} bound"
     assert err.bound == case.expect.bound
@@ -159,14 +152,7 @@ async def test_broken_answers_fail_fast_with_a_typed_error(
 ) -> None:
     client = make_client(fault_server.url(case.fault, hold=HOLD, **case.params))
     with stopwatch() as elapsed, pytest.raises(case.expect) as info:
-        if case.stream:
-            stream = await client.chat.completions.create(
-                model="m", messages=MSGS, stream=True, timeout=case.timeouts
-            )
-            async for _ in stream:
-                pass
-        else:
-            await client.chat.completions.create(model="m", messages=MSGS, timeout=case.timeouts)
+        await complete(client, stream=case.stream, timeout=case.timeouts)
     assert elapsed[0] < 1.0, f"{case.fault} took {elapsed[0]:.3f}s"
     assert info.value.request_id
     assert_pool_clean(client)
@@ -230,13 +216,8 @@ async def test_a_peer_that_stops_reading_is_a_write_timeout(
 
 
 async def test_pool_wait_is_a_pool_timeout(fault_server: Any, make_client: Any) -> None:
-    client = make_client(
-        fault_server.url("sse_stall", after=1, hold=HOLD),
-        limits=stallproof.Limits(max_connections=1, max_keepalive_connections=1),
-    )
-    holder = await client.chat.completions.create(model="m", messages=MSGS, stream=True)
+    client, holder = await hold_the_only_connection(make_client, fault_server)
     async with holder:
-        await holder.__anext__()  # the only connection is now busy with a stalled stream
         with stopwatch() as elapsed, pytest.raises(stallproof.PoolTimeout) as info:
             await client.chat.completions.create(model="m", messages=MSGS, timeout=t(pool=0.5))
         assert elapsed[0] <= 0.5 + MARGIN
@@ -244,13 +225,8 @@ async def test_pool_wait_is_a_pool_timeout(fault_server: Any, make_client: Any) 
 
 
 async def test_total_covers_a_long_pool_wait(fault_server: Any, make_client: Any) -> None:
-    client = make_client(
-        fault_server.url("sse_stall", after=1, hold=HOLD),
-        limits=stallproof.Limits(max_connections=1, max_keepalive_connections=1),
-    )
-    holder = await client.chat.completions.create(model="m", messages=MSGS, stream=True)
+    client, holder = await hold_the_only_connection(make_client, fault_server)
     async with holder:
-        await holder.__anext__()
         with stopwatch() as elapsed, pytest.raises(stallproof.TotalTimeout):
             await client.chat.completions.create(model="m", messages=MSGS, timeout=0.6)
         assert elapsed[0] <= 0.6 + MARGIN

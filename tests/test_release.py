@@ -17,7 +17,7 @@ import sniffio
 
 import stallproof
 
-from .conftest import assert_pool_clean, pool_state
+from .conftest import assert_pool_clean, hold_the_only_connection, pool_state
 
 pytestmark = pytest.mark.anyio
 
@@ -65,12 +65,7 @@ async def test_caller_cancellation_releases_the_connection(
 
 
 async def test_cancelled_while_waiting_for_the_pool(fault_server: Any, make_client: Any) -> None:
-    client = make_client(
-        fault_server.url("sse_stall", after=1, hold=HOLD),
-        limits=stallproof.Limits(max_connections=1, max_keepalive_connections=1),
-    )
-    holder = await client.chat.completions.create(model="m", messages=MSGS, stream=True)
-    await holder.__anext__()
+    client, holder = await hold_the_only_connection(make_client, fault_server)
     with anyio.move_on_after(0.3):
         await client.chat.completions.create(model="m", messages=MSGS)
     assert pool_state(client)["requests"] == 1  # only the holder's
