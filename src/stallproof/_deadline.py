@@ -1,0 +1,98 @@
+"""`deadline()`: one budget over a whole agent step, whatever it calls.
+
+A call's own ``total`` bounds one call. An agent step is often several: a tool loop, a
+retry the SDK makes on its own, a stream then a follow-up. ``with stallproof.deadline(30):``
+puts an absolute deadline on everything inside the block:
+
+- every call made through a stallproof client, transport or SDK face inside the block
+  ends by the earliest enclosing deadline (its total is clipped to it), with
+  `DeadlineExceeded` naming the scope;
+- anything else in the block that awaits (an SDK's own retry sleep, a tool) is cancelled
+  when the deadline passes, like ``anyio.fail_after``, and the block raises
+  `DeadlineExceeded` too.
+
+Nested scopes take the earliest deadline. The scope is carried in a context variable, so
+it follows the task and what the task awaits, on asyncio and trio alike (tasks spawned
+inside the block inherit it, as they inherit any contextvar).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+from collections.abc import Iterator
+
+import anyio
+
+from . import _exceptions as exc
+
+__all__ = ["ActiveDeadline", "current_deadline", "deadline"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ActiveDeadline:
+    """The earliest deadline in force: when (on the event loop's clock) and whose."""
+
+    when: float
+    name: str
+    seconds: float
+    started: float
+
+
+_current: contextvars.ContextVar[ActiveDeadline | None] = contextvars.ContextVar(
+    "stallproof_deadline", default=None
+)
+
+
+def current_deadline() -> ActiveDeadline | None:
+    """The earliest `deadline()` scope around the caller, or None."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, *, name: str | None = None) -> Iterator[ActiveDeadline]:
+    """Bound everything inside the block to ``seconds`` from now.
+
+    Args:
+        seconds: the budget of the block, > 0.
+        name: what the scope is called in errors, spans and ``inflight()``
+            (default ``"deadline(<seconds>s)"``).
+
+    Raises:
+        DeadlineExceeded: the budget ran out inside the block (a `TotalTimeout`, so code
+            that catches timeouts catches it).
+
+    Example:
+        >>> with stallproof.deadline(30, name="plan step"):
+        ...     plan = await agent.run(task)
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise exc.InvalidRequestError(f"deadline seconds must be a number, got {seconds!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise exc.InvalidRequestError(f"deadline seconds must be > 0 and finite, got {seconds!r}")
+    if name is not None and not isinstance(name, str):
+        raise exc.InvalidRequestError(f"deadline name must be a str, got {name!r}")
+    now = anyio.current_time()
+    mine = ActiveDeadline(
+        when=now + seconds,
+        name=name or f"deadline({seconds:g}s)",
+        seconds=float(seconds),
+        started=now,
+    )
+    outer = _current.get()
+    active = outer if outer is not None and outer.when <= mine.when else mine
+    token = _current.set(active)
+    try:
+        with anyio.CancelScope(deadline=mine.when) as scope:
+            yield active
+    finally:
+        _current.reset(token)
+    if scope.cancelled_caught:
+        raise exc.DeadlineExceeded(
+            limit=mine.seconds,
+            elapsed=anyio.current_time() - mine.started,
+            phase="in the scope",
+            scope=mine.name,
+        )
