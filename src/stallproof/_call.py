@@ -16,10 +16,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import httpx
+import httpcore2
 
 from . import _exceptions as exc
 from ._config import Timeouts
+from ._deadline import ActiveDeadline
 from ._inflight import InflightCall
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class Call:
         agent: str | None = None,
         labels: Mapping[str, str] | None = None,
         max_attempts: int = 1,
+        scope: ActiveDeadline | None = None,
     ) -> None:
         self.timeouts = timeouts
         self.request_id = request_id
@@ -71,6 +73,10 @@ class Call:
         self.labels: Mapping[str, str] = labels or {}
         self.started = anyio.current_time()
         self.total_deadline = self.started + timeouts.total
+        # A `deadline()` scope around the call that ends before its own total clips it.
+        self.scope = scope if scope is not None and scope.when < self.total_deadline else None
+        if self.scope is not None:
+            self.total_deadline = self.scope.when
         self.phase = "pool wait"
         self.phase_since = self.started
         self.last_progress = self.started
@@ -198,6 +204,8 @@ class Call:
 
     def _arm(self, bound: str | None, deadline: float | None) -> None:
         assert self._scope is not None
+        if self._scope.cancel_called:
+            return  # the bound already fired: keep the name of the one that did
         if bound is not None and deadline is not None and deadline < self.total_deadline:
             self._scope.deadline = deadline
             self._bound = bound
@@ -216,6 +224,15 @@ class Call:
         self.set_phase("pool wait")
 
     def timeout_error(self, bound: str, limit: float | None = None) -> exc.TimeoutException:
+        if bound == "total" and self.scope is not None:
+            return exc.DeadlineExceeded(
+                limit=self.scope.seconds,
+                elapsed=self.elapsed(),
+                phase=self.phase,
+                scope=self.scope.name,
+                request_id=self.request_id,
+                server_request_id=self.server_request_id,
+            )
         cls = exc.TIMEOUT_CLASSES[bound]
         return cls(
             limit=getattr(self.timeouts, bound) if limit is None else limit,
@@ -254,21 +271,21 @@ class Call:
 
     @contextlib.contextmanager
     def translate_errors(self) -> Iterator[None]:
-        """Turn httpx's exceptions into ours, with the bound or phase that explains them."""
+        """Turn the pool's (httpcore2's) exceptions into ours, with the bound or phase."""
         t = self.timeouts
         try:
             yield
-        except httpx.ConnectTimeout as e:
+        except httpcore2.ConnectTimeout as e:
             raise self.timeout_error("connect", t.connect) from e
-        except httpx.ReadTimeout as e:
+        except httpcore2.ReadTimeout as e:
             raise self.timeout_error("read", t.read) from e
-        except httpx.WriteTimeout as e:
+        except httpcore2.WriteTimeout as e:
             raise self.timeout_error("write", t.write) from e
-        except httpx.PoolTimeout as e:
+        except httpcore2.PoolTimeout as e:
             raise self.timeout_error("pool", t.pool) from e
-        except (httpx.ConnectError, httpx.ProxyError) as e:
+        except (httpcore2.ConnectError, httpcore2.ProxyError) as e:
             raise self.error(exc.ConnectError, f"could not connect: {_describe(e)}") from e
-        except httpx.RemoteProtocolError as e:
+        except httpcore2.RemoteProtocolError as e:
             if self.headers_received:
                 raise self.error(
                     exc.TruncatedResponse, f"response ended early: {_describe(e)}"
@@ -276,16 +293,19 @@ class Call:
             raise self.error(
                 exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
             ) from e
-        except (httpx.ReadError, httpx.WriteError, httpx.CloseError) as e:
+        except (httpcore2.ReadError, httpcore2.WriteError, httpcore2.NetworkError) as e:
             raise self.error(
                 exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
             ) from e
-        except httpx.DecodingError as e:
-            raise self.error(exc.MalformedResponse, f"could not decode body: {e}") from e
-        except (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL) as e:
+        except (httpcore2.UnsupportedProtocol, httpcore2.LocalProtocolError) as e:
             raise exc.InvalidRequestError(f"request cannot be sent: {e}") from e
-        except httpx.TransportError as e:
+        except (httpcore2.TimeoutException, httpcore2.ProtocolError) as e:
             raise self.error(exc.TransportError, _describe(e)) from e
+        except OSError as e:
+            # A socket error the pool did not map (e.g. raised while closing).
+            raise self.error(
+                exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
+            ) from e
 
     def _where(self) -> str:
         return f"while {self.phase}"

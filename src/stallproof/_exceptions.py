@@ -10,6 +10,7 @@ StallproofError
 │   ├── FirstTokenTimeout          no content within `first_token` of sending
 │   ├── IdleTimeout                no content event for `idle` mid-stream
 │   └── TotalTimeout               the call's whole budget (`total`) ran out
+│       ├── DeadlineExceeded       a `stallproof.deadline()` scope around the call ran out
 │       ├── RetryWouldExceedDeadline   the next retry's wait would not fit in the time left
 │       └── PacerTimeout           the deadline ran out (or was sure to) in the pacer queue
 ├── TransportError                 the connection failed underneath us
@@ -47,6 +48,7 @@ __all__ = [
     "ConnectError",
     "ConnectTimeout",
     "ConnectionLost",
+    "DeadlineExceeded",
     "FirstTokenTimeout",
     "IdleTimeout",
     "InternalServerError",
@@ -186,6 +188,30 @@ class TotalTimeout(TimeoutException):
     """The whole call, retries, waits and stream included, ran past ``Timeouts.total``."""
 
     bound = "total"
+
+
+class DeadlineExceeded(TotalTimeout):
+    """A `stallproof.deadline()` scope ran out: the call (or the block) had no time left.
+
+    Attributes:
+        scope: the scope's name (``deadline(name=...)``).
+
+    ``limit`` is the scope's budget in seconds and ``elapsed`` the time since the scope
+    began when raised by the scope itself, or since the call began when raised by a call.
+    """
+
+    bound = "deadline"
+
+    def __init__(self, message: str | None = None, *, scope: str, **kwargs: Any) -> None:
+        if message is None:
+            phase = kwargs.get("phase")
+            where = f" while {phase}" if phase else ""
+            message = (
+                f"deadline {scope!r} of {kwargs['limit']:g}s ran out after "
+                f"{kwargs['elapsed']:.3f}s{where}"
+            )
+        super().__init__(message, **kwargs)
+        self.scope = scope
 
 
 class RetryWouldExceedDeadline(TotalTimeout):

@@ -5,34 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import httpx
-
 from . import _exceptions as exc
 
-__all__ = ["Body", "build_body"]
-
-
-class Body(httpx.AsyncByteStream):
-    """The request body as one chunk, from a plain iterator rather than a generator.
-
-    httpx's own byte stream is an async generator; when a write is interrupted (a write
-    timeout, a cancellation) it is left unexhausted and trio warns when it is collected.
-    An iterator object has nothing to finalise.
-    """
-
-    def __init__(self, content: bytes) -> None:
-        self._content = content
-        self._sent = False
-
-    def __aiter__(self) -> Body:
-        self._sent = False
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._sent:
-            raise StopAsyncIteration
-        self._sent = True
-        return self._content
+__all__ = ["build_body"]
 
 
 def _is_omitted(value: object) -> bool:

@@ -1,21 +1,22 @@
-"""Turning a non-2xx response into a typed `APIStatusError`."""
+"""Turning a non-2xx response into a typed `APIStatusError`.
+
+``headers`` here are lower-cased names mapped to values."""
 
 from __future__ import annotations
 
-import contextlib
 import email.utils
+import http
 import json
 import time
-
-import httpx
+from collections.abc import Mapping, Sequence
 
 from . import _exceptions as exc
 from ._call import Call
 
-__all__ = ["parse_retry_after", "read_status_error"]
+__all__ = ["parse_retry_after", "status_error_from_body"]
 
 
-def parse_retry_after(headers: httpx.Headers, *, now: float | None = None) -> float | None:
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
     """Seconds the server asked us to wait, from ``retry-after-ms`` or ``Retry-After``.
 
     ``Retry-After`` may be seconds or an HTTP date. Returns None when absent or unparsable,
@@ -48,23 +49,16 @@ def parse_retry_after(headers: httpx.Headers, *, now: float | None = None) -> fl
     return max(0.0, seconds)
 
 
-async def read_status_error(
-    response: httpx.Response, call: Call, max_bytes: int
+def status_error_from_body(
+    call: Call, status: int, headers: Sequence[tuple[bytes, bytes]], content: bytes
 ) -> exc.APIStatusError:
-    """Read at most ``max_bytes`` of the error body and build the matching error."""
-    buf = bytearray()
-    async with contextlib.aclosing(response.aiter_bytes()) as parts:  # type: ignore[type-var]
-        async for part in parts:
-            buf += part
-            if len(buf) >= max_bytes:
-                del buf[max_bytes:]
-                break
-    text = buf.decode("utf-8", errors="replace")
+    """The `APIStatusError` subclass for ``status``, built from its (capped) body."""
+    text = content.decode("utf-8", errors="replace")
     body: object = text or None
     detail = ""
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         detail = text.strip()[:200]
     else:
         err = body.get("error") if isinstance(body, dict) else None
@@ -74,8 +68,8 @@ async def read_status_error(
             detail = err[:500]
         elif isinstance(body, dict) and isinstance(body.get("message"), str):
             detail = body["message"][:500]
-    status = response.status_code
-    reason = response.reason_phrase or ""
+    lowered = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
+    reason = _REASONS.get(status, "")
     message = f"HTTP {status} {reason}".rstrip()
     if detail:
         message += f": {detail}"
@@ -85,6 +79,9 @@ async def read_status_error(
         message,
         status_code=status,
         body=body,
-        headers={k.lower(): v for k, v in response.headers.items()},
-        retry_after=parse_retry_after(response.headers),
+        headers=lowered,
+        retry_after=parse_retry_after(lowered),
     )
+
+
+_REASONS = {code.value: code.phrase for code in http.HTTPStatus}

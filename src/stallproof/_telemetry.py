@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import _exceptions as exc
 
 if TYPE_CHECKING:
-    import httpx
+    from collections.abc import MutableMapping
 
     from ._breaker import CircuitState
     from ._call import Call
@@ -53,16 +53,12 @@ class Telemetry:
     def __init__(
         self,
         *,
-        server_address: str,
-        server_port: int,
         provider_name: str,
         record_content: bool,
         tracer_provider: trace.TracerProvider | None,
         meter_provider: metrics.MeterProvider | None,
         circuits: Any,
     ) -> None:
-        self.server_address = server_address
-        self.server_port = server_port
         self.provider_name = provider_name
         self.record_content = record_content
         self.tracer = trace.get_tracer("stallproof", _VERSION, tracer_provider=tracer_provider)
@@ -96,33 +92,53 @@ class Telemetry:
             description="Circuit state per upstream: 0 closed, 1 half-open, 2 open",
         )
 
-    def start(self, call: Call, body: Mapping[str, Any]) -> CallTelemetry:
-        return CallTelemetry(self, call, body)
+    def start(
+        self,
+        call: Call,
+        body: Mapping[str, Any],
+        *,
+        operation: str = "chat",
+        server_address: str = "",
+        server_port: int = 0,
+    ) -> CallTelemetry:
+        return CallTelemetry(self, call, body, operation, server_address, server_port)
 
 
 class CallTelemetry:
     """The span, metrics and log lines of one logical call."""
 
-    def __init__(self, t: Telemetry, call: Call, body: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        t: Telemetry,
+        call: Call,
+        body: Mapping[str, Any],
+        operation: str,
+        server_address: str,
+        server_port: int,
+    ) -> None:
         self.t = t
+        self.server_address = server_address
+        self.server_port = server_port
         self.call = call
         self._attempt_span: trace.Span | None = None
         self._ended = False
         self._ttfc_recorded = False
         self._base_attrs = {
-            "gen_ai.operation.name": "chat",
+            "gen_ai.operation.name": operation,
             "gen_ai.provider.name": t.provider_name,
             "gen_ai.request.model": call.model,
         }
         self.span = t.tracer.start_span(
-            f"chat {call.model}", kind=SpanKind.CLIENT, attributes=self._base_attrs
+            f"{operation} {call.model}" if call.model else operation,
+            kind=SpanKind.CLIENT,
+            attributes=self._base_attrs,
         )
         self.recording = self.span.is_recording()
         if self.recording:
             attrs: dict[str, Any] = {
                 "gen_ai.request.stream": call.stream,
-                "server.address": t.server_address,
-                "server.port": t.server_port,
+                "server.address": server_address,
+                "server.port": server_port,
                 "stallproof.request_id": call.request_id,
             }
             for name, key in _REQUEST_PARAMS.items():
@@ -152,7 +168,8 @@ class CallTelemetry:
         self.t.inflight.add(-1, {"stallproof.phase": old})
         self.t.inflight.add(1, {"stallproof.phase": new})
 
-    def attempt_started(self, n: int, request: httpx.Request) -> None:
+    def attempt_started(self, n: int, url: str, carrier: MutableMapping[str, str]) -> None:
+        """Start attempt ``n``'s span and put its W3C trace context in ``carrier``."""
         self._end_attempt(None)
         context = trace.set_span_in_context(self.span)
         span = self.t.tracer.start_span("POST", context=context, kind=SpanKind.CLIENT)
@@ -160,15 +177,15 @@ class CallTelemetry:
         if span.is_recording():
             attrs: dict[str, Any] = {
                 "http.request.method": "POST",
-                "url.full": str(request.url),
-                "server.address": self.t.server_address,
-                "server.port": self.t.server_port,
+                "url.full": url,
+                "server.address": self.server_address,
+                "server.port": self.server_port,
             }
             if n > 1:
                 attrs["http.request.resend_count"] = n - 1
             span.set_attributes(attrs)
         # W3C trace context for the server, whether or not we record.
-        propagate.inject(request.headers, context=trace.set_span_in_context(span))
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
 
     def attempt_ended(self, error: BaseException | None, status: int | None = None) -> None:
         outcome = "ok" if error is None else type(error).__name__

@@ -1,0 +1,318 @@
+"""`ResponseBody`: a response body that stays bounded while the caller reads it.
+
+The engine returns a response once its body is safe to hand over: a whole body already
+read (non-stream answers, error answers), or an event stream read up to its first content
+event. What is left of a stream is read here, one bounded step at a time: each read waits
+at most until the earliest of the call's total deadline and its phase bound (``first_token``
+before the first content event, ``idle`` after). Only time spent waiting on the server
+counts towards those two; time the caller spends between reads does not. Total is wall
+time and counts everything.
+
+A body is read either as bytes (what a transport hands httpx) or as events (what
+stallproof's own client parses); the events are decoded once, by the engine, to tell
+content from keep-alives, and the same decoding serves both.
+
+States, and the only moves between them::
+
+    LIVE ──(the server ends the body)──▶ DRAINED ──(aclose)──▶ CLOSED
+      └──────────(aclose, error, cancellation)──────────────────▲
+
+The body owns its connection and its `CallScope` from its constructor: closing it (or
+reaching an error) releases the connection and ends the call, exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import warnings
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+
+import anyio
+import httpcore2
+
+from . import _exceptions as exc
+from ._call import Call
+from ._callscope import CallScope
+from ._config import Limits
+from ._progress import Outcome, classify
+from ._sse import LineTooLong, ServerSentEvent, SSEDecoder
+
+__all__ = ["Event", "ResponseBody", "aclose_iterator", "close_wire"]
+
+# Closing is local work (a socket close), but it is bounded too.
+_CLOSE_BOUND = 5.0
+# After the end of a stream's content, how long we wait for the end of the HTTP body so the
+# connection can be reused. A server that holds the socket open costs at most this much.
+_DRAIN_BOUND = 0.25
+
+Event = tuple[ServerSentEvent, object, bool]
+"""A decoded event, its data parsed as JSON (None if not JSON), and whether it is content."""
+
+
+class _State(enum.Enum):
+    LIVE = "live"  # more may come from the server
+    DRAINED = "drained"  # the server ended the body; buffered data may remain
+    CLOSED = "closed"  # released: connection back or closed, call ended
+
+
+async def aclose_iterator(iterator: AsyncIterator[bytes]) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def close_wire(response: httpcore2.Response) -> None:
+    """Release a pool response's connection, even from a cancelled scope."""
+    with anyio.move_on_after(_CLOSE_BOUND, shield=True):
+        await response.aclose()
+
+
+class ResponseBody:
+    """The body of one response: whole (``content``) or a live event stream."""
+
+    def __init__(
+        self,
+        scope: CallScope,
+        limits: Limits,
+        *,
+        content: bytes | None = None,
+        wire: httpcore2.Response | None = None,
+        outcome: Outcome | None = None,
+        parse_outcome: Callable[[bytes], Outcome | None] | None = None,
+    ) -> None:
+        self._scope = scope
+        self._call: Call = scope.call
+        self._limits = limits
+        self.content = content
+        self._wire = wire
+        telemetry = scope.telemetry
+        keep_text = telemetry.recording and telemetry.t.record_content
+        self.outcome = outcome if outcome is not None else Outcome(keep_text=keep_text)
+        self._parse_outcome = parse_outcome
+        self._state = _State.DRAINED if wire is None else _State.LIVE
+        self._raw: AsyncIterator[bytes] | None = None
+        if wire is not None:
+            self._raw = wire.stream.__aiter__()  # type: ignore[union-attr]
+        self._decoder = SSEDecoder(limits.max_line_bytes)
+        self._received = 0
+        # Buffered before the caller chose how to read: bytes and their events.
+        self._chunks: deque[bytes] = deque()
+        self._events: deque[Event] = deque()
+        self._mode: str | None = None
+        self._seen_content = False
+        # Server-waiting time since the request was sent (first_token) or since the last
+        # content event (idle).
+        call = self._call
+        self._waited = anyio.current_time() - (call.sent_at or call.started)
+
+    @property
+    def is_stream(self) -> bool:
+        return self._wire is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._state is _State.CLOSED
+
+    @property
+    def seen_content(self) -> bool:
+        return self._seen_content
+
+    # -- reading, one bounded step at a time -----------------------------------------------
+
+    async def prefetch(self) -> None:
+        """Read up to and including the first content event (or the end).
+
+        Runs inside the engine's attempt, under its first_token bound, so anything that
+        goes wrong before content can still be retried: the caller has seen nothing.
+        """
+        while not self._seen_content and self._state is _State.LIVE:
+            await self._step()
+        if self._seen_content:
+            self._scope.telemetry.first_chunk()
+
+    async def _step(self) -> None:
+        """One read from the server, under total and the phase bound, decoded and sorted."""
+        assert self._raw is not None
+        call = self._call
+        t = call.timeouts
+        bound, limit = ("idle", t.idle) if self._seen_content else ("first_token", t.first_token)
+        start = anyio.current_time()
+        if start >= call.total_deadline:
+            raise call.timeout_error("total")
+        with call.step(bound, start + (limit - self._waited)), call.translate_errors():
+            try:
+                data = await self._raw.__anext__()
+            except StopAsyncIteration:
+                data = None
+        if data is None:
+            # An event cut off by the end of the body is discarded, as the SSE spec says.
+            self._state = _State.DRAINED
+            return
+        self._received += len(data)
+        call.progress(len(data))
+        cap = self._limits.max_response_bytes
+        if self._received > cap:
+            raise call.error(
+                exc.ResponseTooLarge, f"stream passed max_response_bytes={cap}", limit=cap
+            )
+        if self._mode != "events":
+            self._chunks.append(data)
+        try:
+            events = list(self._decoder.feed(data))
+        except LineTooLong:
+            raise call.error(
+                exc.ResponseTooLarge,
+                f"an SSE line passed max_line_bytes={self._limits.max_line_bytes}",
+                limit=self._limits.max_line_bytes,
+            ) from None
+        if self._absorb_events(events):
+            self._seen_content = True
+            self._waited = 0.0
+        else:
+            self._waited += anyio.current_time() - start
+
+    def _absorb_events(self, events: object) -> bool:
+        content = False
+        keep = self._mode != "bytes"
+        outcome = self.outcome
+        call = self._call
+        for event in events:  # type: ignore[attr-defined]
+            is_content, obj = classify(event, outcome)
+            if is_content:
+                content = True
+                call.progress(content=True)
+            if keep:
+                self._events.append((event, obj, is_content))
+        return content
+
+    async def _guarded_step(self) -> None:
+        """A step after the body was handed over: a failure ends the call."""
+        try:
+            await self._step()
+        except BaseException as e:
+            await self._fail(e)
+            raise
+
+    # -- as bytes (for a transport) --------------------------------------------------------
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive; ends the call at the end or on error."""
+        self._mode = "bytes"
+        self._events.clear()
+        if self.content is not None:
+            if self.content:
+                yield self.content
+            await self.aclose()
+            return
+        try:
+            while True:
+                while self._chunks:
+                    yield self._chunks.popleft()
+                if self._state is not _State.LIVE:
+                    break
+                await self._guarded_step()
+        finally:
+            await self.aclose()
+
+    # -- as events (for stallproof's own client) ---------------------------------------------
+
+    async def next_event(self) -> Event | None:
+        """The next decoded event, or None at the end of the body. Does not close."""
+        self._mode = "events"
+        self._chunks.clear()
+        while not self._events:
+            if self._state is not _State.LIVE:
+                return None
+            await self._guarded_step()
+        return self._events.popleft()
+
+    # -- the end ---------------------------------------------------------------------------
+
+    async def _fail(self, error: BaseException) -> None:
+        self._scope.end(error)
+        await self._release()
+
+    async def discard(self) -> None:
+        """Release the connection without ending the call (its attempt failed: a retry
+        may follow)."""
+        await self._release()
+
+    async def fail(self, error: BaseException) -> None:
+        """End the call with ``error`` (a face found the body unacceptable) and release."""
+        await self._fail(error)
+
+    async def finish(self) -> None:
+        """The content is complete: read the rest of the body briefly, then close.
+
+        Reading the end of the HTTP body lets the connection go back to the pool; a server
+        that holds the socket open after its last event costs at most a quarter second.
+        """
+        if self._state is _State.LIVE and self._raw is not None:
+            left = max(self._call.remaining(), 0.0)
+            with anyio.move_on_after(min(_DRAIN_BOUND, left)):
+                with contextlib.suppress(Exception):
+                    async for _ in self._raw:
+                        pass
+                self._state = _State.DRAINED
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release the connection and end the call. Safe to call more than once."""
+        if self._state is _State.CLOSED:
+            return
+        complete = self._state is _State.DRAINED
+        outcome = self.outcome
+        if self.content is not None and self._parse_outcome is not None:
+            outcome = self._parse_outcome(self.content) or outcome
+        self._scope.end(None, outcome, complete=complete)
+        await self._release()
+
+    async def _release(self) -> None:
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        self._chunks.clear()
+        self._events.clear()
+        raw, wire = self._raw, self._wire
+        self._raw = None
+        if raw is not None or wire is not None:
+            with anyio.move_on_after(_CLOSE_BOUND, shield=True):
+                if raw is not None:
+                    # Finalise the body iterator now rather than at garbage collection.
+                    with contextlib.suppress(Exception):
+                        await aclose_iterator(raw)
+                if wire is not None:
+                    with contextlib.suppress(Exception):
+                        await wire.aclose()
+
+    def __del__(self) -> None:
+        # Dropped without being read to the end or closed: the connection cannot be
+        # released from here (that needs the event loop), but the call's permit and its
+        # in-flight entry can, so a forgotten stream does not starve the pacer.
+        if self._wire is not None and self._state is not _State.CLOSED and not self._scope.ended:
+            self._scope.end(
+                self._call.error(
+                    exc.StallproofError,
+                    "the response body was dropped without being closed",
+                )
+            )
+            warnings.warn(
+                f"stallproof: a response body (request_id={self._call.request_id}) was "
+                "never closed; use `async with` or `await stream.aclose()`",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    async def __aenter__(self) -> ResponseBody:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

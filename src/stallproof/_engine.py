@@ -1,0 +1,540 @@
+"""`Engine`: the one implementation of what makes a call stallproof.
+
+Every face of stallproof — its own `Client`, the httpx and httpx2 transports, the SDK
+faces built on them — hands requests to an `Engine`, which:
+
+1. opens a `CallScope` (telemetry, in-flight registry entry; later the pacer permit and
+   the breaker ticket) and a total deadline, clipped by any enclosing `deadline()` scope;
+2. refuses at once while the upstream's circuit is open, then waits for the pacer inside
+   the deadline;
+3. makes attempts through its connection pool until one succeeds, retrying inside the
+   deadline only while nothing has reached the caller: a non-stream body is read whole
+   inside the attempt, an event stream up to its first content event;
+4. hands back an `Incoming`: status, headers and a `ResponseBody` that stays bounded
+   while the caller reads it, and ends the call when it is closed.
+
+A non-2xx answer that is not retried (or that used up its attempts) is returned as a
+response with its body read (capped at ``max_error_body_bytes``), so a transport gives the
+SDK the response it expects; ``Incoming.error`` carries the matching `APIStatusError` for
+faces that raise it themselves.
+
+The layers, one concern each (httpx's ``send → _send_handling_auth → ...``): `send` owns the
+call, `_attempts` the retry loop, `_attempt` one request, `_read_whole` a body.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import anyio
+import httpcore2
+
+from . import _exceptions as exc
+from ._body import ResponseBody, aclose_iterator, close_wire
+from ._breaker import Breaker, BreakerRegistry, Circuit, CircuitState
+from ._call import Call
+from ._callscope import CallScope
+from ._config import UNSET, Limits, Timeouts, Unset
+from ._deadline import current_deadline
+from ._inflight import InflightCall, current_tags
+from ._pacer import Pacer, PacerState, Pacing
+from ._progress import Outcome
+from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
+from ._status import status_error_from_body
+from ._telemetry import Telemetry
+
+__all__ = ["CallOptions", "Engine", "Incoming", "Outgoing", "Pool", "new_request_id"]
+
+_NO_RETRY = Retry(attempts=1)
+# A request body larger than this is not parsed for its model and message sizes.
+_PEEK_LIMIT = 4 * 1024 * 1024
+_PHASES = ("connect", "read", "write", "pool")
+
+
+def new_request_id() -> str:
+    return f"sp-{secrets.token_hex(12)}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallOptions:
+    """What a face tells the engine about one call, beyond the HTTP request itself.
+
+    Every field is optional: a bare transport knows none of them and the engine reads what
+    it needs (model, stream, messages) from the JSON body.
+    """
+
+    timeouts: Timeouts | None = None
+    retry: Retry | Unset | None = UNSET
+    agent: str | None = None
+    labels: Mapping[str, str] | None = None
+    body: Mapping[str, Any] | None = None
+    upstream: str | None = None
+    operation: str | None = None
+
+
+_NO_OPTIONS = CallOptions()
+
+
+@dataclasses.dataclass(slots=True)
+class Outgoing:
+    """A request as the engine sends it: already encoded, body in memory (retries resend it)."""
+
+    method: bytes
+    scheme: bytes
+    host: bytes
+    port: int | None
+    target: bytes
+    headers: list[tuple[bytes, bytes]]
+    content: bytes = b""
+    timeout: Mapping[str, float | None] | None = None
+    options: CallOptions = _NO_OPTIONS
+
+    @property
+    def url(self) -> str:
+        """The URL without credentials, for spans and messages."""
+        port = f":{self.port}" if self.port is not None else ""
+        return f"{self.scheme.decode()}://{self.host.decode()}{port}{self.target.decode()}"
+
+
+@dataclasses.dataclass(slots=True)
+class Incoming:
+    """A response the engine hands back: its body is bounded while it is read."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    extensions: dict[str, Any]
+    body: ResponseBody
+    call: Call
+    error: exc.APIStatusError | None = None
+
+    def header(self, name: str) -> str | None:
+        key = name.lower().encode()
+        for k, v in self.headers:
+            if k.lower() == key:
+                return v.decode("latin-1")
+        return None
+
+
+class Pool(Protocol):
+    """What the engine sends through: httpcore2's pool, or an adapter with its interface."""
+
+    async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _StatusFailure(Exception):
+    """Internal: a non-2xx answer, carried through the retry loop with its response."""
+
+    def __init__(self, error: exc.APIStatusError, incoming: Incoming) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.incoming = incoming
+
+
+class Engine:
+    """Bounds, retries, breaker, pacer, in-flight view and telemetry for every face.
+
+    Args:
+        timeout: the default `Timeouts` of every call (a face may pass its own per call).
+        limits: size caps and the pool's size (`Limits`).
+        retry: the default `Retry` policy; None never retries.
+        retry_budget: the `RetryBudget` shared by every call; None: no budget.
+        breaker: a `Breaker` policy, one circuit per upstream; None: no breaker.
+        pacer: a `Pacer` every call waits for (inside its deadline); None: no pacing.
+        pool: the connection pool to send through; default: stallproof's own, built from
+            ``limits`` (see `stallproof._pool`).
+        provider_name, record_content, tracer_provider, meter_provider: telemetry, as
+            for `Client`.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: Timeouts = Timeouts(),  # noqa: B008 - frozen and immutable
+        limits: Limits = Limits(),  # noqa: B008 - frozen and immutable
+        retry: Retry | None = Retry(),  # noqa: B008 - frozen and immutable
+        retry_budget: RetryBudget | None = RetryBudget(),  # noqa: B008 - frozen and immutable
+        breaker: Breaker | None = None,
+        pacer: Pacer | None = None,
+        pool: Pool | None = None,
+        trust_env: bool = True,
+        provider_name: str = "openai",
+        record_content: bool = False,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+    ) -> None:
+        if not isinstance(timeout, Timeouts):
+            raise exc.InvalidRequestError(f"timeout must be a Timeouts, got {timeout!r}")
+        if not isinstance(limits, Limits):
+            raise exc.InvalidRequestError(f"limits must be a Limits, got {limits!r}")
+        if retry is not None and not isinstance(retry, Retry):
+            raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
+        if pacer is not None and not isinstance(pacer, Pacer):
+            raise exc.InvalidRequestError(f"pacer must be a Pacer or None, got {pacer!r}")
+        if breaker is not None and not isinstance(breaker, Breaker):
+            raise exc.InvalidRequestError(f"breaker must be a Breaker or None, got {breaker!r}")
+        self.timeout = timeout
+        self.limits = limits
+        self.retry = retry or _NO_RETRY
+        self._bucket = TokenBucket(retry_budget) if retry_budget is not None else None
+        self._breakers = BreakerRegistry(breaker) if breaker is not None else None
+        self._pacing = Pacing(pacer) if pacer is not None else None
+        self._owns_pool = pool is None
+        if pool is None:
+            from ._pool import open_pool
+
+            pool = open_pool(limits, trust_env=trust_env)
+        self.pool: Pool = pool
+        self._rng = random.Random()
+        self._calls: dict[int, Call] = {}
+        self._telemetry = Telemetry(
+            provider_name=provider_name,
+            record_content=record_content,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            circuits=self.circuits,
+        )
+        # Outcomes of whole bodies are parsed only when someone will use them.
+        self._wants_outcome = record_content or (
+            pacer is not None and pacer.tokens_per_minute is not None
+        )
+
+    # -- views -----------------------------------------------------------------------------
+
+    def inflight(self, *, stalled_after: float = 5.0) -> tuple[InflightCall, ...]:
+        """Every call in progress right now, longest-running first (see `Client.inflight`)."""
+        now = anyio.current_time()
+        calls = [c.snapshot(now, stalled_after) for c in list(self._calls.values())]
+        return tuple(sorted(calls, key=lambda c: -c.elapsed))
+
+    @property
+    def retry_tokens(self) -> float | None:
+        return self._bucket.tokens if self._bucket is not None else None
+
+    def pacer_state(self) -> PacerState | None:
+        return self._pacing.snapshot() if self._pacing is not None else None
+
+    def circuits(self) -> dict[str, CircuitState]:
+        return self._breakers.snapshot() if self._breakers is not None else {}
+
+    async def aclose(self) -> None:
+        """Close the pool's connections (a pool passed in is left to its owner)."""
+        if self._owns_pool:
+            with anyio.move_on_after(5.0, shield=True):
+                await self.pool.aclose()
+
+    # -- the call --------------------------------------------------------------------------
+
+    async def send(self, out: Outgoing) -> Incoming:
+        """Make one logical call: pace, attempt (and retry), and hand back the response.
+
+        Raises:
+            StallproofError: a bound fired (`TimeoutException`), the connection failed
+                (`TransportError`), the answer was unacceptable (`ProtocolError`), the
+                circuit is open (`CircuitOpen`) or the request cannot be sent
+                (`InvalidRequestError`). Non-2xx answers are returned, not raised.
+        """
+        opts = out.options
+        meta = opts.body if opts.body is not None else _peek_json(out)
+        model = meta.get("model")
+        model = model if isinstance(model, str) else ""
+        policy = self._resolve_retry(opts.retry)
+        tag_agent, tag_labels = current_tags()
+        request_id = _header(out.headers, b"x-request-id")
+        if request_id is None:
+            request_id = new_request_id()
+            out.headers.append((b"x-request-id", request_id.encode()))
+        call = Call(
+            self._resolve_timeouts(opts.timeouts, out.timeout),
+            request_id,
+            stream=meta.get("stream") is True
+            or "text/event-stream" in (_header(out.headers, b"accept") or ""),
+            model=model,
+            agent=opts.agent if opts.agent is not None else tag_agent,
+            labels={**tag_labels, **(opts.labels or {})},
+            max_attempts=policy.attempts,
+            scope=current_deadline(),
+        )
+        circuit: Circuit | None = None
+        if self._breakers is not None:
+            circuit = self._breakers.circuit(opts.upstream or _origin(out), model)
+            circuit.check()  # while open, fail before doing any work at all
+        if not any(k.lower() == b"host" for k, _ in out.headers):
+            out.headers.insert(0, (b"host", _host_header(out)))
+        if policy.attempts > 1 and _header(out.headers, b"idempotency-key") is None:
+            # The same key on every attempt lets a server drop a duplicate it already ran.
+            out.headers.append((b"idempotency-key", f"stallproof-{request_id}".encode()))
+        telemetry = self._telemetry.start(
+            call,
+            meta,
+            operation=opts.operation or _operation(out.target),
+            server_address=out.host.decode("ascii", "replace"),
+            server_port=out.port or (443 if out.scheme == b"https" else 80),
+        )
+        scope = CallScope(call, telemetry, self._calls)
+        try:
+            if call.remaining() <= 0:
+                raise call.timeout_error("total")
+            if self._pacing is not None:
+                max_tokens = meta.get("max_tokens") or meta.get("max_completion_tokens")
+                estimate = self._pacing.policy.estimate_tokens(
+                    meta.get("messages") or meta.get("input"),
+                    max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+                )
+                await scope.pace(self._pacing, estimate)
+            with call.total_scope():
+                incoming = await self._attempts(out, scope, policy, circuit)
+        except _StatusFailure as failure:
+            # Out of attempts (or not retryable): the caller gets the response itself.
+            scope.end(failure.error)
+            incoming = failure.incoming
+            incoming.error = failure.error
+            return incoming
+        except BaseException as e:
+            scope.end(e)
+            raise
+        if self._bucket is not None:
+            self._bucket.record_success()
+        return incoming
+
+    async def _attempts(
+        self, out: Outgoing, scope: CallScope, policy: Retry, circuit: Circuit | None
+    ) -> Incoming:
+        """The retry loop: attempts until one succeeds, all inside the total deadline.
+
+        A non-2xx answer goes through the loop as its `APIStatusError` (the policy decides
+        on those); when the loop gives up on one, the response itself goes back to `send`.
+        """
+        call = scope.call
+        retrying = make_retrying(
+            policy, call, self._bucket, rng=self._rng, on_retry=scope.telemetry.retry_scheduled
+        )
+        last: _StatusFailure | None = None
+        n = 0
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    n += 1
+                    try:
+                        return await self._attempt(out, scope, circuit, n, policy.attempts)
+                    except _StatusFailure as failure:
+                        last = failure
+                        raise failure.error from None
+        except exc.APIStatusError as e:
+            if last is not None and e is last.error:
+                raise last from None
+            raise
+        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    async def _attempt(
+        self, out: Outgoing, scope: CallScope, circuit: Circuit | None, n: int, of: int
+    ) -> Incoming:
+        """One request: send, check the status, read the body or the stream's first content."""
+        call = scope.call
+        call.start_attempt(n)
+        carrier: dict[str, str] = {}
+        scope.telemetry.attempt_started(n, out.url, carrier)
+        headers = [*out.headers, (b"x-stallproof-attempt", f"{n}/{of}".encode())]
+        headers.extend((k.encode(), v.encode()) for k, v in carrier.items())
+        scope.admit(circuit)
+        t = call.timeouts
+        request = httpcore2.Request(
+            out.method,
+            httpcore2.URL(scheme=out.scheme, host=out.host, port=out.port, target=out.target),
+            headers=headers,
+            content=out.content,
+            extensions={
+                "timeout": {"connect": t.connect, "read": t.read, "write": t.write, "pool": t.pool},
+                "trace": call.trace,
+            },
+        )
+        wire: httpcore2.Response | None = None
+        stream: ResponseBody | None = None
+        try:
+            with call.bounded(), call.translate_errors():
+                wire = await self.pool.handle_async_request(request)
+                call.headers_received = True
+                call.status_code = status = wire.status
+                call.server_request_id = _header(wire.headers, b"x-request-id") or _header(
+                    wire.headers, b"request-id"
+                )
+                if status >= 300:
+                    content = await self._read_whole(wire, call, error=True)
+                    error = status_error_from_body(call, status, wire.headers, content)
+                    body = ResponseBody(scope, self.limits, content=content)
+                    raise _StatusFailure(
+                        error, Incoming(status, wire.headers, _extensions(wire), body, call)
+                    )
+                # An event stream is read as one only when one was asked for: an answer
+                # that streams to a plain request is a whole body, bounded by total.
+                if call.stream and _is_event_stream(wire.headers) and not _encoded(wire.headers):
+                    stream = ResponseBody(scope, self.limits, wire=wire)
+                    await stream.prefetch()
+                    body = stream
+                else:
+                    content = await self._read_whole(wire, call, error=False)
+                    body = ResponseBody(
+                        scope,
+                        self.limits,
+                        content=content,
+                        parse_outcome=_parse_outcome if self._wants_outcome else None,
+                    )
+        except _StatusFailure as failure:
+            scope.attempt_ended(failure.error, failure.error.status_code)
+            await _release(wire, stream)
+            raise
+        except BaseException as e:
+            scope.attempt_ended(e)
+            await _release(wire, stream)
+            raise
+        if stream is None:
+            await _release(wire, None)
+        scope.attempt_ended(None, status)
+        return Incoming(status, wire.headers, _extensions(wire), body, call)
+
+    async def _read_whole(self, wire: httpcore2.Response, call: Call, *, error: bool) -> bytes:
+        """Read a whole body under the attempt's bounds, capped.
+
+        An error body is cut at ``max_error_body_bytes`` (the rest is not read: the
+        connection is closed instead). A success body over ``max_response_bytes`` fails.
+        """
+        limits = self.limits
+        cap = limits.max_error_body_bytes if error else limits.max_response_bytes
+        declared = _header(wire.headers, b"content-length")
+        if not error and declared is not None and declared.isdigit() and int(declared) > cap:
+            raise call.error(
+                exc.ResponseTooLarge,
+                f"Content-Length {declared} is over max_response_bytes={cap}",
+                limit=cap,
+            )
+        buf = bytearray()
+        raw = wire.stream.__aiter__()  # type: ignore[union-attr]
+        try:
+            async for part in raw:
+                call.progress(len(part))
+                if not buf:
+                    # The first body byte ends first_token; total still applies to the rest.
+                    call.rearm(None)
+                buf += part
+                if len(buf) > cap:
+                    if error:
+                        del buf[cap:]
+                        break
+                    raise call.error(
+                        exc.ResponseTooLarge, f"body passed max_response_bytes={cap}", limit=cap
+                    )
+        finally:
+            with anyio.move_on_after(5.0, shield=True):
+                await aclose_iterator(raw)
+        return bytes(buf)
+
+    # -- resolving per-call settings ---------------------------------------------------------
+
+    def _resolve_timeouts(
+        self, timeouts: Timeouts | None, phases: Mapping[str, float | None] | None
+    ) -> Timeouts:
+        base = timeouts if timeouts is not None else self.timeout
+        if not phases:
+            return base
+        # An HTTP client's own per-phase timeouts may only tighten ours, never loosen them.
+        changes = {
+            name: float(value)
+            for name in _PHASES
+            if isinstance(value := phases.get(name), (int, float))
+            and 0 < value < getattr(base, name)
+        }
+        return base.replace(**changes) if changes else base
+
+    def _resolve_retry(self, retry: Retry | Unset | None) -> Retry:
+        if retry is UNSET:
+            return self.retry
+        if retry is None:
+            return _NO_RETRY
+        if not isinstance(retry, Retry):
+            raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
+        return retry
+
+
+async def _release(wire: httpcore2.Response | None, stream: ResponseBody | None) -> None:
+    """Give an attempt's connection back (its body was read whole, or the attempt failed)."""
+    if stream is not None:
+        await stream.discard()
+    elif wire is not None:
+        await close_wire(wire)
+
+
+def _peek_json(out: Outgoing) -> Mapping[str, Any]:
+    """The request's JSON object, if it is one and small enough to parse; else empty."""
+    content = out.content
+    if not content or len(content) > _PEEK_LIMIT or content[:1] != b"{":
+        return {}
+    try:
+        obj = json.loads(content)
+    except (ValueError, RecursionError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _parse_outcome(content: bytes) -> Outcome | None:
+    if len(content) > _PEEK_LIMIT or content[:1] != b"{":
+        return None
+    try:
+        obj = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    outcome = Outcome()
+    outcome.note_body(obj)
+    return outcome
+
+
+def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for k, v in headers:
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+def _is_event_stream(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    ctype = _header(headers, b"content-type")
+    return ctype is not None and ctype.lower().startswith("text/event-stream")
+
+
+def _encoded(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    enc = _header(headers, b"content-encoding")
+    return enc is not None and enc.strip().lower() not in ("", "identity")
+
+
+def _extensions(wire: httpcore2.Response) -> dict[str, Any]:
+    ext = wire.extensions
+    return {k: ext[k] for k in ("http_version", "reason_phrase") if k in ext}
+
+
+def _host_header(out: Outgoing) -> bytes:
+    default = 443 if out.scheme == b"https" else 80
+    if out.port is None or out.port == default:
+        return out.host
+    return out.host + b":" + str(out.port).encode()
+
+
+def _origin(out: Outgoing) -> str:
+    port = out.port or (443 if out.scheme == b"https" else 80)
+    return f"{out.scheme.decode()}://{out.host.decode('ascii', 'replace')}:{port}"
+
+
+def _operation(target: bytes) -> str:
+    path = target.split(b"?", 1)[0].rstrip(b"/")
+    if path.endswith(b"/chat/completions") or path.endswith(b"/responses"):
+        return "chat"
+    if path.endswith(b"/messages"):
+        return "chat"
+    if path.endswith(b"/embeddings"):
+        return "embeddings"
+    if path.endswith(b"/completions"):
+        return "text_completion"
+    return path.rsplit(b"/", 1)[-1].decode("ascii", "replace") or "http"

@@ -1,0 +1,224 @@
+"""What counts as progress in an event stream, and what a finished call reports.
+
+``first_token`` and ``idle`` measure time without *content*. A server that sends SSE
+comments, ``ping`` events, lifecycle events or empty deltas forever is alive on the socket
+but stuck as far as the caller is concerned; those events must not reset either bound.
+
+One classifier serves every API the engine carries, because it looks at shapes rather than
+at URLs:
+
+- OpenAI chat chunks (``choices[].delta``): content when a delta carries content, a tool
+  call piece, a refusal or reasoning, or a choice finishes, or the chunk carries usage. A
+  role-only first delta and ``{"content": ""}`` are not.
+- OpenAI Responses events (``type: response.*``): everything except the lifecycle events
+  ``response.created``, ``response.in_progress`` and ``response.queued``.
+- Anthropic Messages events: everything except ``ping`` and ``message_start``.
+- Anything else with data: content. A comment or an event without data never is.
+
+The same pass notes what the call's span and the pacer want at the end (response id and
+model, finish reasons, token usage), so no face has to parse the stream twice.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._sse import ServerSentEvent
+
+__all__ = ["Outcome", "classify"]
+
+_CONTENT_FIELDS = (
+    "content",
+    "tool_calls",
+    "function_call",
+    "refusal",
+    "reasoning_content",
+    "reasoning",
+    "audio",
+)
+# Event types that say "still here" or "starting", never content.
+_LIFECYCLE = frozenset(
+    {
+        "ping",
+        "keepalive",
+        "keep-alive",
+        "heartbeat",
+        "message_start",
+        "response.created",
+        "response.in_progress",
+        "response.queued",
+    }
+)
+
+
+class Outcome:
+    """What a finished call reports: filled in by `classify` or by a face that parsed it."""
+
+    __slots__ = (
+        "finish_reasons",
+        "input_tokens",
+        "output_tokens",
+        "response_id",
+        "response_model",
+        "saw_done",
+        "text",
+        "total_tokens",
+    )
+
+    def __init__(self, *, keep_text: bool = False) -> None:
+        self.response_id: str | None = None
+        self.response_model: str | None = None
+        self.finish_reasons: list[str] = []
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.total_tokens: int | None = None
+        self.saw_done = False
+        self.text: list[str] | None = [] if keep_text else None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the stream said it is complete (``[DONE]``, a finish reason, a stop)."""
+        return self.saw_done or bool(self.finish_reasons)
+
+    def note_usage(self, usage: object) -> None:
+        if not isinstance(usage, dict):
+            return
+        inp = _int(usage.get("prompt_tokens"), usage.get("input_tokens"))
+        out = _int(usage.get("completion_tokens"), usage.get("output_tokens"))
+        total = _int(usage.get("total_tokens"))
+        if inp is not None:
+            self.input_tokens = inp
+        if out is not None:
+            self.output_tokens = out
+        if total is not None:
+            self.total_tokens = total
+        elif self.input_tokens is not None and self.output_tokens is not None:
+            self.total_tokens = self.input_tokens + self.output_tokens
+
+    def note_body(self, obj: object) -> None:
+        """Fill in from a whole (non-stream) response body."""
+        if not isinstance(obj, dict):
+            return
+        self._ids(obj)
+        for choice in _list(obj.get("choices")):
+            if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+                self.finish_reasons.append(choice["finish_reason"])
+                if self.text is not None:
+                    message = choice.get("message")
+                    if isinstance(message, dict) and isinstance(message.get("content"), str):
+                        self.text.append(message["content"])
+        stop = obj.get("stop_reason") or obj.get("status")
+        if isinstance(stop, str) and not obj.get("choices"):
+            self.finish_reasons.append(stop)
+        self.note_usage(obj.get("usage"))
+
+    def _ids(self, obj: dict[str, Any]) -> None:
+        if self.response_id is None and isinstance(obj.get("id"), str):
+            self.response_id = obj["id"]
+        if self.response_model is None and isinstance(obj.get("model"), str):
+            self.response_model = obj["model"]
+
+
+def classify(event: ServerSentEvent, outcome: Outcome) -> tuple[bool, object]:
+    """Whether ``event`` is content, and its data parsed as JSON (None if it is not JSON).
+
+    Notes ids, finish reasons and usage on ``outcome`` as a side effect.
+    """
+    data = event.data
+    if not data:
+        return False, None
+    if data == "[DONE]":
+        outcome.saw_done = True
+        return False, None
+    if event.event in _LIFECYCLE:
+        return False, _loads(data)
+    obj = _loads(data)
+    if not isinstance(obj, dict):
+        return True, obj  # a list, a number, or text: data all the same
+    kind = obj.get("type")
+    if isinstance(kind, str):
+        return _typed(kind, obj, outcome), obj
+    if "choices" in obj or "object" in obj:
+        return _chat_chunk(obj, outcome), obj
+    return True, obj
+
+
+def _chat_chunk(obj: dict[str, Any], outcome: Outcome) -> bool:
+    outcome._ids(obj)
+    content = False
+    usage = obj.get("usage")
+    if usage:
+        outcome.note_usage(usage)
+        content = True
+    for choice in _list(obj.get("choices")):
+        if not isinstance(choice, dict):
+            continue
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str) and reason:
+            outcome.finish_reasons.append(reason)
+            content = True
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            for name in _CONTENT_FIELDS:
+                if delta.get(name):
+                    content = True
+                    if name == "content" and outcome.text is not None:
+                        outcome.text.append(str(delta[name]))
+    return content
+
+
+def _typed(kind: str, obj: dict[str, Any], outcome: Outcome) -> bool:
+    if kind in _LIFECYCLE:
+        if kind == "message_start" and isinstance(obj.get("message"), dict):
+            message = obj["message"]
+            outcome._ids(message)
+            outcome.note_usage(message.get("usage"))
+        elif isinstance(obj.get("response"), dict):
+            outcome._ids(obj["response"])
+        return False
+    if kind == "response.completed" or kind == "response.incomplete":
+        response = obj.get("response")
+        if isinstance(response, dict):
+            outcome._ids(response)
+            outcome.note_usage(response.get("usage"))
+            if isinstance(response.get("status"), str):
+                outcome.finish_reasons.append(response["status"])
+    elif kind == "message_delta":
+        delta = obj.get("delta")
+        if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+            outcome.finish_reasons.append(delta["stop_reason"])
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            out = _int(usage.get("output_tokens"))
+            if out is not None:
+                outcome.output_tokens = out
+                if outcome.input_tokens is not None:
+                    outcome.total_tokens = outcome.input_tokens + out
+    elif kind == "message_stop":
+        outcome.saw_done = True
+    elif outcome.text is not None:
+        delta = obj.get("delta")
+        if kind == "response.output_text.delta" and isinstance(delta, str):
+            outcome.text.append(delta)
+        elif isinstance(delta, dict) and isinstance(delta.get("text"), str):
+            outcome.text.append(delta["text"])
+    return True
+
+
+def _loads(data: str) -> object:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _int(*values: object) -> int | None:
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
