@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import pytest
 
 import stallproof
@@ -40,9 +42,10 @@ def stopwatch() -> Iterator[list[float]]:
 
 
 def pool_state(client: stallproof.Client) -> dict[str, int]:
-    """Active/idle connections and queued requests in the client's httpcore pool."""
-    transport: Any = client._http._transport
-    pool = transport._pool
+    """Active/idle connections and queued requests in the client's connection pool."""
+    pool: Any = client._engine.pool
+    if hasattr(pool, "_client"):  # a caller's httpx client: look at its httpcore pool
+        pool = pool._client._transport._pool
     conns = list(pool.connections)
     return {
         "requests": len(pool._requests),
@@ -85,6 +88,30 @@ async def hold_the_only_connection(
     return client, holder
 
 
+class Sent:
+    """What a client sent, request by request: seen through an httpx event hook."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, str]] = []
+        self.bodies: list[bytes] = []
+
+    async def hook(self, request: httpx.Request) -> None:
+        self.headers.append(dict(request.headers))
+        self.bodies.append(request.content)
+
+
+def spying_client(make_client: Any, base_url: str, **kwargs: Any) -> tuple[Any, Sent]:
+    """A client that sends through an ``http_client`` whose event hook records each request
+    (the public seam for seeing what goes on the wire)."""
+    sent = Sent()
+    http = httpx.AsyncClient(event_hooks={"request": [sent.hook]})
+    with warnings.catch_warnings():
+        # The one-time warning about httpcore's pool is for users, not for this test.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        client = make_client(base_url, http_client=http, **kwargs)
+    return client, sent
+
+
 @pytest.fixture
 async def make_client() -> AsyncIterator[Any]:
     """Factory of clients that are closed, and checked for leaks, at the end of the test.
@@ -105,3 +132,5 @@ async def make_client() -> AsyncIterator[Any]:
     for client in clients:
         assert_pool_clean(client)
         await client.aclose()
+        if client._engine.pool is not None and hasattr(client._engine.pool, "_client"):
+            await client._engine.pool._client.aclose()  # the http_client the test made

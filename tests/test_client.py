@@ -10,6 +10,8 @@ import pytest
 
 import stallproof
 
+from .conftest import spying_client
+
 pytestmark = pytest.mark.anyio
 
 MSGS = [{"role": "user", "content": "hello there"}]
@@ -95,16 +97,8 @@ async def test_client_reads_openai_environment(
 async def test_unknown_and_extra_arguments_pass_through(
     fault_server: Any, make_client: Any
 ) -> None:
-    # The fault server echoes nothing of the body, so check what httpx would send instead.
-    client = make_client(fault_server.url())
-    seen: list[dict[str, Any]] = []
-    original = client._http.send
-
-    async def spy(request: Any, **kw: Any) -> Any:
-        seen.append(json.loads(request.content))
-        return await original(request, **kw)
-
-    client._http.send = spy
+    # The fault server echoes nothing of the body, so look at what goes on the wire.
+    client, sent = spying_client(make_client, fault_server.url())
     await client.chat.completions.create(
         model="m",
         messages=MSGS,
@@ -114,7 +108,7 @@ async def test_unknown_and_extra_arguments_pass_through(
         top_k=5,  # not an openai argument: passed through (vLLM takes it)
         extra_body={"chat_template_kwargs": {"enable_thinking": False}},
     )
-    body = seen[0]
+    body = json.loads(sent.bodies[0])
     assert body["max_tokens"] == 16 and body["top_k"] == 5 and body["stop"] == ["\n"]
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
     assert "stream" not in body

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import stallproof
 
-from .conftest import KEY
+from .conftest import KEY, spying_client
 
 pytestmark = pytest.mark.anyio
 
@@ -107,15 +107,10 @@ async def test_retried_call_has_one_span_per_attempt(
     fault_server: Any, fault_key: str, make_client: Any, spans: Any
 ) -> None:
     provider, exporter = spans
-    client = make_client(fault_server.url(), tracer_provider=provider, retry=FAST)
-    seen: list[dict[str, str]] = []
-    original = client._http.send
-
-    async def send(request: Any, **kw: Any) -> Any:
-        seen.append(dict(request.headers))
-        return await original(request, **kw)
-
-    client._http.send = send
+    client, sent = spying_client(
+        make_client, fault_server.url(), tracer_provider=provider, retry=FAST
+    )
+    seen = sent.headers
     await client.chat.completions.create(
         model="m",
         messages=MSGS,

@@ -11,7 +11,7 @@ import pytest
 
 import stallproof
 
-from .conftest import MARGIN, stopwatch
+from .conftest import MARGIN, spying_client, stopwatch
 
 pytestmark = pytest.mark.anyio
 
@@ -24,24 +24,11 @@ def fault(spec: str, key: str, **params: Any) -> dict[str, str]:
     return {"X-Fault": f"{spec};key={key}{extra}"}
 
 
-def spy_headers(client: stallproof.Client) -> list[dict[str, str]]:
-    """Record the headers of every request the client sends."""
-    seen: list[dict[str, str]] = []
-    original = client._http.send
-
-    async def send(request: Any, **kw: Any) -> Any:
-        seen.append(dict(request.headers))
-        return await original(request, **kw)
-
-    client._http.send = send  # type: ignore[method-assign]
-    return seen
-
-
 async def test_503_twice_then_success_on_attempt_3(
     fault_server: Any, fault_key: str, make_client: Any
 ) -> None:
-    client = make_client(fault_server.url(), retry=FAST)
-    seen = spy_headers(client)
+    client, sent = spying_client(make_client, fault_server.url(), retry=FAST)
+    seen = sent.headers
     resp = await client.chat.completions.create(
         model="m", messages=MSGS, extra_headers=fault("status;code=503", fault_key, first=2)
     )
@@ -280,15 +267,8 @@ async def _swallow(coro: Any) -> None:
 async def test_request_body_is_identical_on_every_attempt(
     fault_server: Any, fault_key: str, make_client: Any
 ) -> None:
-    client = make_client(fault_server.url(), retry=FAST)
-    bodies: list[bytes] = []
-    original = client._http.send
-
-    async def send(request: Any, **kw: Any) -> Any:
-        bodies.append(b"".join([part async for part in request.stream]))
-        return await original(request, **kw)
-
-    client._http.send = send
+    client, sent = spying_client(make_client, fault_server.url(), retry=FAST)
+    bodies = sent.bodies
     await client.chat.completions.create(
         model="m", messages=MSGS, extra_headers=fault("reset;when=before", fault_key, first=2)
     )

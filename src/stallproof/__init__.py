@@ -8,6 +8,8 @@ from ._breaker import Breaker, CircuitState
 from ._client import Client
 from ._completions import Chat, Completions
 from ._config import UNSET, Limits, Timeouts
+from ._deadline import deadline
+from ._engine import CallOptions, Engine
 from ._exceptions import (
     APIStatusError,
     AuthenticationError,
@@ -17,6 +19,7 @@ from ._exceptions import (
     ConnectError,
     ConnectionLost,
     ConnectTimeout,
+    DeadlineExceeded,
     FirstTokenTimeout,
     IdleTimeout,
     InternalServerError,
@@ -57,15 +60,19 @@ from ._models import (
 from ._pacer import Pacer, PacerState
 from ._retry import DEFAULT_RETRY_STATUSES, Retry, RetryBudget
 from ._stream import AsyncStream
+from ._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
 
 __version__ = "0.1.0"
 
 __all__ = [
     "APIStatusError",
     "AsyncStream",
+    "AsyncTransport",
+    "AsyncTransport2",
     "AuthenticationError",
     "BadRequestError",
     "Breaker",
+    "CallOptions",
     "Chat",
     "ChatCompletion",
     "ChatCompletionChunk",
@@ -84,11 +91,16 @@ __all__ = [
     "ConnectError",
     "ConnectionLost",
     "ConnectTimeout",
+    "deadline",
+    "DeadlineExceeded",
     "DEFAULT_RETRY_STATUSES",
     "dump_on_signal",
+    "Engine",
     "FirstTokenTimeout",
     "format_inflight",
     "Function",
+    "http_client",
+    "http_client2",
     "IdleTimeout",
     "InflightCall",
     "InternalServerError",

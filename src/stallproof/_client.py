@@ -2,33 +2,27 @@
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import os
-import random
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-import anyio
 import httpx
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from . import _exceptions as exc
-from ._breaker import Breaker, BreakerRegistry, CircuitState
-from ._call import Call, new_request_id
+from ._breaker import Breaker, CircuitState
 from ._completions import Chat
 from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
-from ._inflight import InflightCall, current_tags
+from ._engine import CallOptions, Engine, Incoming, Outgoing
+from ._httpx_pool import HttpxClientPool
+from ._inflight import InflightCall
 from ._models import ChatCompletion
-from ._pacer import Pacer, PacerState, Pacing, Permit, is_overload
-from ._request import Body
-from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
-from ._status import read_status_error
-from ._stream import AsyncStream, close_response
-from ._telemetry import CallTelemetry, Telemetry
+from ._pacer import Pacer, PacerState
+from ._retry import Retry, RetryBudget
+from ._stream import AsyncStream
 
 __all__ = ["Client"]
 
@@ -59,8 +53,10 @@ class Client:
             and tokens per minute, fair between agents, adaptive under 429); the wait counts
             against the call's total deadline. None (the default): no pacing.
         default_headers: extra headers sent with every request.
-        http_client: an ``httpx.AsyncClient`` to use instead of the client's own. Its own
-            timeouts are overridden per request by ours; it is not closed by `aclose`.
+        http_client: an ``httpx.AsyncClient`` to send through instead of stallproof's own
+            pool (for its proxies, certificates or event hooks). Every bound still holds,
+            but its pool is httpcore's, which cancellations can leave with dead slots
+            (encode/httpcore#1093): a warning says so once. Not closed by `aclose`.
         trust_env: let httpx read proxy settings from the environment (default True).
         tracer_provider, meter_provider: OpenTelemetry providers; default the global ones.
             With none configured, tracing costs a few no-op calls.
@@ -108,46 +104,42 @@ class Client:
             raise exc.InvalidRequestError(
                 f"base_url must be an absolute http(s) URL, got {str(base_url)!r}"
             )
+        if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
+            raise exc.InvalidRequestError(
+                f"http_client must be an httpx.AsyncClient, got {type(http_client).__name__}"
+            )
         self.base_url = url.copy_with(path=url.path.rstrip("/") + "/")
         self._upstream = str(self.base_url)
         # Joined once: httpx's URL.join costs ~0.4 ms, a third of our per-call overhead.
-        self._chat_url = self.base_url.join("chat/completions")
+        chat_url = self.base_url.join("chat/completions")
+        self._scheme = chat_url.raw_scheme
+        self._host = chat_url.raw_host
+        self._port = chat_url.port
+        self._chat_target = chat_url.raw_path
         self.timeout = Timeouts.coerce(timeout)
         self.limits = limits
         self._api_key = api_key
         headers = {"user-agent": _USER_AGENT, "accept": "application/json"}
         headers.update(default_headers or {})
-        self._headers = httpx.Headers(headers)
         if api_key:
-            self._headers["authorization"] = f"Bearer {api_key}"
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=limits.max_connections,
-                max_keepalive_connections=limits.max_keepalive_connections,
-                keepalive_expiry=limits.keepalive_expiry,
-            ),
-            trust_env=trust_env,
-            follow_redirects=False,
-        )
+            headers["authorization"] = f"Bearer {api_key}"
+        self._headers = _encode_headers(headers)
         if retry is not None and not isinstance(retry, Retry):
             raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
         self.retry = retry or _NO_RETRY
-        self._bucket = TokenBucket(retry_budget) if retry_budget is not None else None
-        self._breakers = BreakerRegistry(breaker) if breaker is not None else None
-        if pacer is not None and not isinstance(pacer, Pacer):
-            raise exc.InvalidRequestError(f"pacer must be a Pacer or None, got {pacer!r}")
-        self._pacing = Pacing(pacer) if pacer is not None else None
-        self._rng = random.Random()
-        self._calls: dict[int, Call] = {}
-        self._telemetry = Telemetry(
-            server_address=url.host,
-            server_port=url.port or (443 if url.scheme == "https" else 80),
+        self._engine = Engine(
+            timeout=self.timeout,
+            limits=limits,
+            retry=self.retry,
+            retry_budget=retry_budget,
+            breaker=breaker,
+            pacer=pacer,
+            pool=HttpxClientPool(http_client) if http_client is not None else None,
+            trust_env=trust_env,
             provider_name=provider_name,
             record_content=record_content,
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
-            circuits=self.circuits,
         )
         self.chat = Chat(self)
 
@@ -158,22 +150,20 @@ class Client:
         bytes) for more than ``stalled_after`` seconds and its deadline has not fired.
         Streams stay in flight until they end or are closed. See `format_inflight`.
         """
-        now = anyio.current_time()
-        calls = [c.snapshot(now, stalled_after) for c in list(self._calls.values())]
-        return tuple(sorted(calls, key=lambda c: -c.elapsed))
+        return self._engine.inflight(stalled_after=stalled_after)
 
     @property
     def retry_tokens(self) -> float | None:
         """Tokens left in the client's retry budget (None without a budget)."""
-        return self._bucket.tokens if self._bucket is not None else None
+        return self._engine.retry_tokens
 
     def pacer_state(self) -> PacerState | None:
         """A snapshot of the pacer: limit, in use, queued per agent (None without one)."""
-        return self._pacing.snapshot() if self._pacing is not None else None
+        return self._engine.pacer_state()
 
     def circuits(self) -> dict[str, CircuitState]:
         """A snapshot of every upstream's circuit breaker (empty without a `Breaker`)."""
-        return self._breakers.snapshot() if self._breakers is not None else {}
+        return self._engine.circuits()
 
     @property
     def api_key(self) -> str | None:
@@ -185,8 +175,7 @@ class Client:
 
     async def aclose(self) -> None:
         """Close the client's connections (not those of an ``http_client`` passed in)."""
-        if self._owns_http:
-            await self._http.aclose()
+        await self._engine.aclose()
 
     async def __aenter__(self) -> Client:
         return self
@@ -201,56 +190,49 @@ class Client:
 
     # -- the one place a request is made -------------------------------------------------
 
-    def _resolve_timeouts(self, timeout: TimeoutTypes | Unset | None) -> Timeouts:
-        if timeout is UNSET or timeout is None:
-            return self.timeout
-        return Timeouts.coerce(timeout, base=self.timeout)
-
-    def _build_request(
+    def _outgoing(
         self,
-        path: str,
         body: dict[str, Any],
-        call: Call,
-        extra_headers: Mapping[str, str] | None,
+        options: CallOptions,
+        *,
+        stream: bool,
+        extra_headers: Mapping[str, str | None] | None,
         extra_query: Mapping[str, Any] | None,
-    ) -> httpx.Request:
-        headers = httpx.Headers(self._headers)
-        headers["x-request-id"] = call.request_id
+    ) -> Outgoing:
+        headers = list(self._headers)
+        if stream:
+            headers = [(k, v) for k, v in headers if k != b"accept"]
+            headers.append((b"accept", b"text/event-stream"))
         if extra_headers:
+            if not isinstance(extra_headers, Mapping):
+                raise exc.InvalidRequestError(
+                    f"extra_headers must be a mapping, got {type(extra_headers).__name__}"
+                )
             for name, value in extra_headers.items():
-                if value is None:  # openai's way to remove a default header
-                    headers.pop(name, None)
-                else:
-                    headers[name] = value
-            call.request_id = headers.get("x-request-id", call.request_id)
+                key = _encode_name(name)
+                headers = [(k, v) for k, v in headers if k != key]
+                if value is not None:  # None: openai's way to remove a default header
+                    headers.append((key, _encode_value(name, value)))
         try:
             content = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
         except (TypeError, ValueError) as e:
             raise exc.InvalidRequestError(f"request body is not JSON-serialisable: {e}") from None
-        headers["content-type"] = "application/json"
-        if call.stream:
-            headers["accept"] = "text/event-stream"
-        t = call.timeouts
-        request = self._http.build_request(
-            "POST",
-            self._chat_url if path == "chat/completions" else self.base_url.join(path),
-            content=content,
-            headers=headers,
-            params=dict(extra_query) if extra_query else None,
-            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
-            extensions={"trace": call.trace},
+        headers.append((b"content-type", b"application/json"))
+        headers.append((b"content-length", str(len(content)).encode()))
+        target = self._chat_target
+        if extra_query:
+            query = httpx.QueryParams(dict(extra_query))
+            target += (b"&" if b"?" in target else b"?") + str(query).encode()
+        return Outgoing(
+            b"POST",
+            self._scheme,
+            self._host,
+            self._port,
+            target,
+            headers,
+            content,
+            options=options,
         )
-        request.stream = Body(content)
-        return request
-
-    def _resolve_retry(self, retry: Retry | Unset | None) -> Retry:
-        if retry is UNSET:
-            return self.retry
-        if retry is None:
-            return _NO_RETRY
-        if not isinstance(retry, Retry):
-            raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
-        return retry
 
     async def _chat(
         self,
@@ -261,16 +243,11 @@ class Client:
         retry: Retry | Unset | None,
         agent: str | None,
         labels: Mapping[str, str] | None,
-        extra_headers: Mapping[str, str] | None,
+        extra_headers: Mapping[str, str | None] | None,
         extra_query: Mapping[str, Any] | None,
     ) -> ChatCompletion | AsyncStream:
-        model = str(body["model"])
-        circuit = None
-        if self._breakers is not None:
-            circuit = self._breakers.circuit(self._upstream, model)
-            circuit.check()  # while open, fail before doing any work at all
-        timeouts = self._resolve_timeouts(timeout)
-        policy = self._resolve_retry(retry)
+        if retry is not UNSET and retry is not None and not isinstance(retry, Retry):
+            raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
         if agent is not None and not isinstance(agent, str):
             raise exc.InvalidRequestError(f"agent must be a str or None, got {agent!r}")
         if labels is not None and (
@@ -278,157 +255,56 @@ class Client:
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
         ):
             raise exc.InvalidRequestError(f"labels must map str to str, got {labels!r}")
-        tag_agent, tag_labels = current_tags()
-        call = Call(
-            timeouts,
-            new_request_id(),
-            stream=stream,
-            model=model,
-            agent=agent if agent is not None else tag_agent,
-            labels={**tag_labels, **(labels or {})},
-            max_attempts=policy.attempts,
+        options = CallOptions(
+            timeouts=self._resolve_timeouts(timeout),
+            retry=retry,
+            agent=agent,
+            labels=labels,
+            body=body,
+            upstream=self._upstream,
+            operation="chat",
         )
-        request = self._build_request("chat/completions", body, call, extra_headers, extra_query)
-        if policy.attempts > 1 and "idempotency-key" not in request.headers:
-            # The same key on every attempt lets a server drop a duplicate it already ran.
-            request.headers["idempotency-key"] = f"stallproof-{call.request_id}"
-        observer = call.observer = self._telemetry.start(call, body)
-        call.register(self._calls)
-        permit: Permit | None = None
-        if self._pacing is not None:
-            permit = await self._pace(call, body)
-        retrying = make_retrying(
-            policy, call, self._bucket, rng=self._rng, on_retry=observer.retry_scheduled
+        out = self._outgoing(
+            body, options, stream=stream, extra_headers=extra_headers, extra_query=extra_query
         )
-        attempts = itertools.count(1)
+        incoming = await self._engine.send(out)
+        if incoming.error is not None:
+            await incoming.body.aclose()
+            raise incoming.error
+        if stream:
+            if not incoming.body.is_stream:
+                raise await _refuse(
+                    incoming, "asked for a stream but the server answered with a JSON body"
+                )
+            return AsyncStream(incoming)
+        if incoming.body.is_stream:
+            raise await _refuse(incoming, "asked for JSON but the server answered with a stream")
+        return await _completion(incoming)
 
-        async def attempt() -> ChatCompletion | AsyncStream:
-            n = next(attempts)
-            call.start_attempt(n)
-            request.headers["x-stallproof-attempt"] = f"{n}/{policy.attempts}"
-            before = circuit.state if circuit is not None else ""
-            ticket = circuit.admit() if circuit is not None else None
-            observer.attempt_started(n, request)
-            try:
-                result = await self._attempt(request, call)
-            except BaseException as e:
-                observer.attempt_ended(e)
-                if permit is not None and is_overload(e):
-                    permit.overload()
-                if ticket is not None:
-                    ticket.failure(e, deadline_expired=call.remaining() <= 0)
-                raise
-            else:
-                observer.attempt_ended(None, call.status_code)
-                if ticket is not None:
-                    ticket.success()
-            finally:
-                if circuit is not None and circuit.state != before:
-                    observer.breaker_changed(circuit.upstream, before, circuit.state)
-            return result
+    def _resolve_timeouts(self, timeout: TimeoutTypes | Unset | None) -> Timeouts:
+        if timeout is UNSET or timeout is None:
+            return self.timeout
+        return Timeouts.coerce(timeout, base=self.timeout)
 
+
+async def _refuse(incoming: Incoming, message: str) -> exc.MalformedResponse:
+    error = incoming.call.error(exc.MalformedResponse, message)
+    await incoming.body.fail(error)
+    return error
+
+
+async def _completion(incoming: Incoming) -> ChatCompletion:
+    """Parse a whole body into a `ChatCompletion`; any failure ends the call with it."""
+    body = incoming.body
+    call = incoming.call
+    content = body.content or b""
+    try:
         try:
-            with call.total_scope():
-                result: ChatCompletion | AsyncStream = await retrying(attempt)
-        except BaseException as e:
-            observer.failed(e)
-            if permit is not None:
-                permit.release()
-            call.unregister()
-            raise
-        if self._bucket is not None:
-            self._bucket.record_success()
-        if isinstance(result, ChatCompletion):
-            _finish_completion(observer, result)
-            if permit is not None:
-                usage = result.usage
-                permit.release(used_tokens=usage.total_tokens if usage else None, succeeded=True)
-            call.unregister()
-        else:
-            result._permit = permit  # held until the stream ends or is closed
-        return result
-
-    async def _pace(self, call: Call, body: Mapping[str, Any]) -> Permit:
-        """Wait for the pacer, inside the call's deadline; on failure the call is over."""
-        assert self._pacing is not None
-        call.set_phase("pacer queue")
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        estimate = self._pacing.policy.estimate_tokens(
-            body.get("messages"), max_tokens=max_tokens if isinstance(max_tokens, int) else None
-        )
-        try:
-            # Not inside total_scope: acquire is bounded by the same deadline and, unlike a
-            # bare cancel scope, says the pacer is where the time went.
-            return await self._pacing.acquire(
-                agent=call.agent, estimated_tokens=estimate, deadline=call.total_deadline
-            )
-        except BaseException as e:
-            if isinstance(e, exc.PacerTimeout):
-                e.request_id = call.request_id
-            assert call.observer is not None
-            call.observer.failed(e)
-            call.unregister()
-            raise
-
-    async def _attempt(self, request: httpx.Request, call: Call) -> ChatCompletion | AsyncStream:
-        """One attempt: send, check the status, read the body or the stream's first content."""
-        response: httpx.Response | None = None
-        handed_over = False
-        try:
-            with call.bounded(), call.translate_errors():
-                response = await self._http.send(request, stream=True)
-                call.headers_received = True
-                call.status_code = response.status_code
-                call.server_request_id = response.headers.get(
-                    "x-request-id"
-                ) or response.headers.get("request-id")
-                if response.status_code >= 300:
-                    raise await read_status_error(response, call, self.limits.max_error_body_bytes)
-                if not call.stream:
-                    return await self._read_completion(response, call)
-                ctype = response.headers.get("content-type", "")
-                if ctype.startswith("application/json"):
-                    raise call.error(
-                        exc.MalformedResponse,
-                        "asked for a stream but the server answered with a JSON body",
-                    )
-                stream = AsyncStream(response, call, self.limits)
-                # Read up to the first content chunk here, inside the attempt: until then a
-                # failure can still be retried, because the caller has seen nothing.
-                await stream._prefetch()
-                handed_over = True
-                return stream
-        finally:
-            if response is not None and not handed_over:
-                await close_response(response)
-
-    async def _read_completion(self, response: httpx.Response, call: Call) -> ChatCompletion:
-        cap = self.limits.max_response_bytes
-        declared = response.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cap:
-            raise call.error(
-                exc.ResponseTooLarge,
-                f"Content-Length {declared} is over max_response_bytes={cap}",
-                limit=cap,
-            )
-        buf = bytearray()
-        async with contextlib.aclosing(response.aiter_bytes()) as parts:  # type: ignore[type-var]
-            async for part in parts:
-                call.progress(len(part))
-                if not buf:
-                    # The first body byte ends first_token; total still applies to the rest.
-                    call.rearm(None)
-                buf += part
-                if len(buf) > cap:
-                    raise call.error(
-                        exc.ResponseTooLarge, f"body passed max_response_bytes={cap}", limit=cap
-                    )
-        try:
-            data = json.loads(buf)
-        except ValueError:
+            data = json.loads(content)
+        except (ValueError, RecursionError):
             raise call.error(
                 exc.MalformedResponse,
-                f"response body is not JSON ({len(buf)} bytes): {bytes(buf[:80])!r}",
+                f"response body is not JSON ({len(content)} bytes): {content[:80]!r}",
             ) from None
         if not isinstance(data, dict):
             raise call.error(
@@ -439,18 +315,53 @@ class Client:
                 exc.StreamErrorEvent, "the server answered 200 with an error object", body=data
             )
         try:
-            return ChatCompletion.from_dict(data)
+            result = ChatCompletion.from_dict(data)
         except exc.MalformedResponse as e:
             raise call.error(exc.MalformedResponse, e.message) from None
-
-
-def _finish_completion(observer: CallTelemetry, result: ChatCompletion) -> None:
+    except BaseException as e:
+        await body.fail(e)
+        raise
+    outcome = body.outcome
+    outcome.response_id = result.id
+    outcome.response_model = result.model
+    outcome.finish_reasons = [c.finish_reason for c in result.choices if c.finish_reason]
     usage = result.usage
-    observer.finished(
-        response_id=result.id,
-        response_model=result.model,
-        finish_reasons=[c.finish_reason for c in result.choices if c.finish_reason],
-        input_tokens=usage.prompt_tokens if usage else None,
-        output_tokens=usage.completion_tokens if usage else None,
-        output_text=result.choices[0].message.content if result.choices else None,
-    )
+    if usage is not None:
+        outcome.note_usage(
+            {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "total_tokens": usage.total_tokens,
+            }
+        )
+    if outcome.text is not None and result.choices:
+        outcome.text.append(result.choices[0].message.content or "")
+    await body.aclose()
+    return result
+
+
+def _encode_name(name: object) -> bytes:
+    if not isinstance(name, str) or not name or not name.isascii():
+        raise exc.InvalidRequestError(f"header name must be a non-empty ASCII str, got {name!r}")
+    return name.lower().encode("ascii")
+
+
+def _encode_value(name: str, value: object) -> bytes:
+    # The value may be a secret: never echo it in the message.
+    if not isinstance(value, str):
+        raise exc.InvalidRequestError(f"header {name!r} must have a str value")
+    if value != value.strip() or any(c in value for c in "\r\n\0"):
+        raise exc.InvalidRequestError(
+            f"header {name!r} has surrounding whitespace or a control character in its "
+            "value (value not shown)"
+        )
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        raise exc.InvalidRequestError(
+            f"header {name!r} has a character that cannot be sent in HTTP (value not shown)"
+        ) from None
+
+
+def _encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(_encode_name(k), _encode_value(k, v)) for k, v in headers.items()]

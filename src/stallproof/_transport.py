@@ -1,0 +1,303 @@
+"""The engine as an httpx transport and as an httpx2 transport: two thin adapters.
+
+Anything built on httpx or httpx2 — the openai and anthropic SDKs, litellm, langchain,
+pydantic-ai, a hand-written client — gets stallproof's guarantees by sending through one
+of these::
+
+    client = openai.AsyncOpenAI(http_client=stallproof.http_client2(timeout=30))
+    raw = httpx.AsyncClient(transport=stallproof.AsyncTransport(timeout=30))
+
+Each adapter turns the library's request into the engine's `Outgoing`, and the engine's
+`Incoming` back into the library's response, whose body stays bounded while it is read.
+A stallproof error leaves the adapter as an instance of *both* the stallproof class and
+the matching class of the library (a `stallproof.IdleTimeout` that is also an
+``httpx2.TimeoutException``), so the SDKs map it to their own ``APITimeoutError`` /
+``APIConnectionError`` with the stallproof error — bound, elapsed, phase — as
+``__cause__``, and code that catches either family catches it.
+
+The library client's own per-phase timeouts (connect, read, write, pool) can only tighten
+the engine's, never loosen them; ``total``, ``first_token`` and ``idle`` are the engine's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from types import ModuleType
+from typing import Any
+
+import httpx
+import httpx2
+
+from . import _exceptions as exc
+from ._body import ResponseBody
+from ._breaker import CircuitState
+from ._config import Timeouts, TimeoutTypes
+from ._engine import CallOptions, Engine, Outgoing
+from ._inflight import InflightCall
+from ._pacer import PacerState
+
+__all__ = ["AsyncTransport", "AsyncTransport2", "http_client", "http_client2"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Library:
+    """The exception classes of one HTTP library that our errors take on at its boundary."""
+
+    module: ModuleType
+    timeout: type[Exception]
+    connect_timeout: type[Exception]
+    read_timeout: type[Exception]
+    write_timeout: type[Exception]
+    pool_timeout: type[Exception]
+    connect_error: type[Exception]
+    read_error: type[Exception]
+    transport_error: type[Exception]
+    remote_protocol_error: type[Exception]
+    local_protocol_error: type[Exception]
+    decoding_error: type[Exception]
+
+    @classmethod
+    def of(cls, m: ModuleType) -> _Library:
+        return cls(
+            m,
+            m.TimeoutException,
+            m.ConnectTimeout,
+            m.ReadTimeout,
+            m.WriteTimeout,
+            m.PoolTimeout,
+            m.ConnectError,
+            m.ReadError,
+            m.TransportError,
+            m.RemoteProtocolError,
+            m.LocalProtocolError,
+            m.DecodingError,
+        )
+
+    def base_for(self, error: exc.StallproofError) -> type[Exception]:
+        """The library class a stallproof error is also an instance of at this boundary."""
+        if isinstance(error, exc.TimeoutException):
+            return {
+                "connect": self.connect_timeout,
+                "read": self.read_timeout,
+                "write": self.write_timeout,
+                "pool": self.pool_timeout,
+            }.get(error.bound, self.timeout)
+        if isinstance(error, exc.ConnectError):
+            return self.connect_error
+        if isinstance(error, exc.ConnectionLost):
+            return self.read_error
+        if isinstance(error, (exc.TruncatedResponse, exc.ResponseTooLarge)):
+            return self.remote_protocol_error
+        if isinstance(error, exc.ProtocolError | exc.StreamErrorEvent):
+            return self.decoding_error
+        if isinstance(error, exc.InvalidRequestError):
+            return self.local_protocol_error
+        return self.transport_error
+
+
+_HTTPX = _Library.of(httpx)
+_HTTPX2 = _Library.of(httpx2)
+_FLAVOURS: dict[tuple[type[exc.StallproofError], type[Exception]], type[Exception]] = {}
+
+
+def flavoured(error: exc.StallproofError, lib: _Library, request: Any) -> Exception:
+    """``error`` as an instance of its own class and of ``lib``'s matching class."""
+    base = lib.base_for(error)
+    key = (type(error), base)
+    cls = _FLAVOURS.get(key)
+    if cls is None:
+        cls = type(type(error).__name__, (type(error), base), {"__module__": "stallproof"})
+        _FLAVOURS[key] = cls
+    new: Any = Exception.__new__(cls)
+    new.__dict__.update(error.__dict__)
+    new.args = error.args
+    new._request = request  # what httpx(2).RequestError.request reads
+    new.__cause__ = error.__cause__
+    new.__context__ = error.__context__
+    new.__suppress_context__ = error.__suppress_context__
+    return new  # type: ignore[no-any-return]
+
+
+async def _outgoing(request: Any) -> Outgoing:
+    content = await request.aread()
+    url = request.url
+    options = request.extensions.get("stallproof")
+    return Outgoing(
+        request.method.encode("ascii"),
+        url.raw_scheme,
+        url.raw_host,
+        url.port,
+        url.raw_path,
+        list(request.headers.raw),
+        content,
+        timeout=request.extensions.get("timeout"),
+        options=options if isinstance(options, CallOptions) else CallOptions(),
+    )
+
+
+class _EngineFace:
+    """What both adapters share: the engine, its views, and the request/response mapping."""
+
+    _lib: _Library
+
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        *,
+        timeout: TimeoutTypes = Timeouts(),  # noqa: B008 - frozen and immutable
+        **settings: Any,
+    ) -> None:
+        if engine is not None and settings:
+            raise exc.InvalidRequestError(
+                f"pass an engine or settings, not both (got {sorted(settings)})"
+            )
+        if engine is not None and not isinstance(engine, Engine):
+            raise exc.InvalidRequestError(f"engine must be an Engine, got {engine!r}")
+        self.engine = engine or Engine(timeout=Timeouts.coerce(timeout), **settings)
+
+    def inflight(self, *, stalled_after: float = 5.0) -> tuple[InflightCall, ...]:
+        """Every call through this transport in progress right now (see `Client.inflight`)."""
+        return self.engine.inflight(stalled_after=stalled_after)
+
+    def pacer_state(self) -> PacerState | None:
+        return self.engine.pacer_state()
+
+    def circuits(self) -> dict[str, CircuitState]:
+        return self.engine.circuits()
+
+    async def _handle(self, request: Any) -> Any:
+        lib = self._lib
+        out = await _outgoing(request)
+        try:
+            incoming = await self.engine.send(out)
+        except exc.StallproofError as e:
+            raise flavoured(e, lib, request) from e.__cause__
+        body = incoming.body
+        if not body.is_stream:
+            content = body.content or b""
+            await body.aclose()  # nothing more to wait for: the call is over
+            return lib.module.Response(
+                incoming.status,
+                headers=incoming.headers,
+                content=content,
+                extensions=incoming.extensions,
+                request=request,
+            )
+        return lib.module.Response(
+            incoming.status,
+            headers=incoming.headers,
+            stream=_stream_class(lib)(body, request),
+            extensions=incoming.extensions,
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+
+def _stream_class(lib: _Library) -> type[Any]:
+    return _Stream if lib is _HTTPX else _Stream2
+
+
+class _StreamBase:
+    """A live body for the library's response: bounded reads, our errors flavoured."""
+
+    _lib: _Library
+
+    def __init__(self, body: ResponseBody, request: Any) -> None:
+        self._body = body
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for part in self._body.aiter_bytes():
+                yield part
+        except exc.StallproofError as e:
+            raise flavoured(e, self._lib, self._request) from e.__cause__
+
+    async def aclose(self) -> None:
+        await self._body.aclose()
+
+
+class _Stream(_StreamBase, httpx.AsyncByteStream):
+    _lib = _HTTPX
+
+
+class _Stream2(_StreamBase, httpx2.AsyncByteStream):
+    _lib = _HTTPX2
+
+
+class AsyncTransport(_EngineFace, httpx.AsyncBaseTransport):
+    """stallproof's engine as an ``httpx`` transport.
+
+    Args:
+        engine: an `Engine` to share with other faces; or leave it out and pass the
+            engine's settings here: ``timeout`` (a number is the total budget, or
+            `Timeouts`), ``limits``, ``retry``, ``retry_budget``, ``breaker``, ``pacer``,
+            ``provider_name``, ``record_content``, ``tracer_provider``,
+            ``meter_provider``, ``trust_env``.
+
+    Example:
+        >>> client = httpx.AsyncClient(transport=stallproof.AsyncTransport(timeout=30))
+    """
+
+    _lib = _HTTPX
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response: httpx.Response = await self._handle(request)
+        return response
+
+
+class AsyncTransport2(_EngineFace, httpx2.AsyncBaseTransport):
+    """stallproof's engine as an ``httpx2`` transport (what openai ≥ 3 and anthropic ≥ 2
+    run on). Takes the same arguments as `AsyncTransport`."""
+
+    _lib = _HTTPX2
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response: httpx2.Response = await self._handle(request)
+        return response
+
+
+def _client_timeout(lib: ModuleType, timeouts: Timeouts) -> Any:
+    # The library's own per-phase timeouts match ours, so they never tighten them.
+    return lib.Timeout(
+        connect=timeouts.connect, read=timeouts.read, write=timeouts.write, pool=timeouts.pool
+    )
+
+
+def http_client(
+    *,
+    timeout: TimeoutTypes = Timeouts(),  # noqa: B008 - frozen and immutable
+    engine: Engine | None = None,
+    **settings: Any,
+) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` whose every request goes through stallproof's engine.
+
+    Takes the engine's settings (see `AsyncTransport`); httpx's own settings such as
+    ``headers`` or ``base_url`` may be set on the returned client.
+    """
+    transport = AsyncTransport(
+        engine, **({"timeout": timeout} if engine is None else {}), **settings
+    )
+    return httpx.AsyncClient(
+        transport=transport, timeout=_client_timeout(httpx, transport.engine.timeout)
+    )
+
+
+def http_client2(
+    *,
+    timeout: TimeoutTypes = Timeouts(),  # noqa: B008 - frozen and immutable
+    engine: Engine | None = None,
+    **settings: Any,
+) -> httpx2.AsyncClient:
+    """An ``httpx2.AsyncClient`` whose every request goes through stallproof's engine:
+    what to hand ``openai.AsyncOpenAI(http_client=...)`` or
+    ``anthropic.AsyncAnthropic(http_client=...)``."""
+    transport = AsyncTransport2(
+        engine, **({"timeout": timeout} if engine is None else {}), **settings
+    )
+    return httpx2.AsyncClient(
+        transport=transport, timeout=_client_timeout(httpx2, transport.engine.timeout)
+    )
