@@ -36,6 +36,7 @@ _MODEL_CREATED = 1_700_000_000
 _FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 _MAX_WORD = 40
 DONE = b"data: [DONE]\n\n"
+FINGERPRINT = "fp_fault_server"
 
 _ERROR_TYPES = {
     400: ("invalid_request_error", "invalid_request"),
@@ -161,6 +162,8 @@ def completion(req: ChatRequest, tokens: int) -> Whole:
         "model": req.model,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
         "usage": _usage(req, len(pieces)),
+        "service_tier": "default",
+        "system_fingerprint": FINGERPRINT,
     }
     return Whole(200, _json(payload))
 
@@ -302,11 +305,14 @@ def _text_of(content: object) -> str:
     return ""
 
 
-def _usage(req: ChatRequest, completion_tokens: int) -> dict[str, int]:
+def _usage(req: ChatRequest, completion_tokens: int) -> dict[str, Any]:
+    # The details objects, as OpenAI sends them: nothing cached, no reasoning tokens.
     return {
         "prompt_tokens": req.prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": req.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
     }
 
 
@@ -320,6 +326,8 @@ def _chunk(
         "created": created,
         "model": model,
         "choices": [choice],
+        "service_tier": "default",
+        "system_fingerprint": FINGERPRINT,
     }
 
 

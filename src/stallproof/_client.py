@@ -321,21 +321,7 @@ async def _completion(incoming: Incoming) -> ChatCompletion:
     except BaseException as e:
         await body.fail(e)
         raise
-    outcome = body.outcome
-    outcome.response_id = result.id
-    outcome.response_model = result.model
-    outcome.finish_reasons = [c.finish_reason for c in result.choices if c.finish_reason]
-    usage = result.usage
-    if usage is not None:
-        outcome.note_usage(
-            {
-                "prompt_tokens": usage.prompt_tokens,
-                "completion_tokens": usage.completion_tokens,
-                "total_tokens": usage.total_tokens,
-            }
-        )
-    if outcome.text is not None and result.choices:
-        outcome.text.append(result.choices[0].message.content or "")
+    body.outcome.note_body(data)  # ids, finish reasons, usage: for the span and pacer
     await body.aclose()
     return result
 
