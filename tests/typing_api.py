@@ -13,7 +13,7 @@ async def user_code() -> None:
         )
         text: str | None = resp.choices[0].message.content
         calls = resp.choices[0].message.tool_calls or []
-        names: list[str | None] = [c.function.name for c in calls]
+        names: list[str] = [c.function.name for c in calls if c.type == "function"]
         total: int | None = resp.usage.total_tokens if resp.usage else None
 
         stream = await client.chat.completions.create(

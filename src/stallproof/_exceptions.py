@@ -162,7 +162,7 @@ class StallproofError(Exception):
         if request is None:
             request = httpx2.Request(self.method, self.url or _NO_URL)
             self.__dict__["_request"] = request
-        return request  # type: ignore[no-any-return]
+        return request
 
     @request.setter
     def request(self, value: httpx2.Request) -> None:
@@ -432,7 +432,7 @@ class APIStatusError(StallproofError, openai.APIStatusError):
                 request=self.request,
             )
             self.__dict__["_response"] = response
-        return response  # type: ignore[no-any-return]
+        return response
 
     @response.setter
     def response(self, value: httpx2.Response) -> None:
