@@ -67,7 +67,7 @@ class Settings:
         project: object = None,
         timeout: object = None,
         max_retries: object = None,
-        retry: object = None,
+        retry: object = UNSET,
         default_headers: Mapping[str, str] | None = None,
         default_query: Mapping[str, object] | None = None,
     ) -> Settings:
