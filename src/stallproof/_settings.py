@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
+from openai import NOT_GIVEN
 
 from . import _exceptions as exc
 from ._config import UNSET, Timeouts
@@ -65,7 +66,7 @@ class Settings:
         api_key: object = None,
         organization: object = None,
         project: object = None,
-        timeout: object = None,
+        timeout: object = NOT_GIVEN,
         max_retries: object = None,
         retry: object = UNSET,
         default_headers: Mapping[str, str] | None = None,
@@ -95,7 +96,7 @@ class Settings:
                 f"base_url must be an absolute http(s) URL, got {str(base_url)!r}"
             )
         url = url.copy_with(path=url.path.rstrip("/") + "/")
-        timeouts = Timeouts() if _given(timeout) is None else Timeouts.coerce(timeout)
+        timeouts = Timeouts() if is_omitted(timeout) else Timeouts.coerce(timeout)
         policy = _retry_policy(UNSET if is_omitted(retry) else retry, _given(max_retries))
         headers = {"user-agent": _USER_AGENT, "accept": "application/json"}
         if api_key:
