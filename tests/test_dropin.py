@@ -245,3 +245,26 @@ async def test_responses_raw_and_streaming_release_the_connection(
     assert_pool_clean(client)
     vectors = await client.embeddings.with_raw_response.create(model="e", input="hi")
     assert len(vectors.parse().data[0].embedding) == 8
+
+
+def test_settings_never_show_secrets() -> None:
+    client = stallproof.Client(
+        base_url="http://127.0.0.1:9/v1",
+        api_key=KEY,
+        default_headers={"api-key": KEY},
+        default_query={"key": KEY},
+    )
+    for text in (repr(client), repr(client._settings), repr(client.with_options(timeout=3))):
+        assert KEY not in text
+
+
+async def test_unknown_arguments_are_type_errors_everywhere(make_client: Any) -> None:
+    client = make_client("http://127.0.0.1:9/v1")
+    with pytest.raises(TypeError, match="'max_token'"):
+        await client.chat.completions.with_raw_response.create(
+            model="m", messages=MSGS, max_token=2
+        )
+    with pytest.raises(TypeError, match="'page_size'"):
+        client.models.list(page_size=2)
+    with pytest.raises(TypeError, match="'dims'"):
+        await client.embeddings.create(model="e", input="x", dims=3)

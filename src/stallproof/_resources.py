@@ -65,8 +65,14 @@ class Models:
 
     def list(self, **params: Unpack[CallArgs]) -> ModelList:
         """The server's models (``await`` it, or ``async for`` over it), bounded."""
+        unknown = [name for name in params if name not in _CALL_KEYS]
+        if unknown:
+            raise TypeError(f"list() got an unexpected keyword argument {unknown[0]!r}")
         opts = PerCall.pop(dict(params))
         return ModelList(self._client, opts)
+
+
+_CALL_KEYS = frozenset(CallArgs.__annotations__)
 
 
 class EmbeddingArgs(EmbeddingCreateParams, CallArgs, total=False):

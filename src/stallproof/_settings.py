@@ -51,10 +51,11 @@ class Settings:
     project: str | None
     timeout: Timeouts
     retry: Retry
-    default_headers: Mapping[str, str]
-    default_query: Mapping[str, object]
+    # Headers and queries may carry keys (Azure's api-key): none of them in a repr.
+    default_headers: Mapping[str, str] = dataclasses.field(repr=False)
+    default_query: Mapping[str, object] = dataclasses.field(repr=False)
     headers: tuple[tuple[bytes, bytes], ...] = dataclasses.field(repr=False)
-    query: bytes
+    query: bytes = dataclasses.field(repr=False)
     # URL.join costs ~0.4 ms, a third of our per-call overhead: once per path.
     _targets: dict[str, bytes] = dataclasses.field(default_factory=dict, repr=False)
 
