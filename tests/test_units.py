@@ -8,6 +8,7 @@ import email.utils
 import httpx
 import openai
 import pytest
+from openai.types import CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import stallproof
@@ -149,6 +150,11 @@ def test_results_tolerate_what_the_sdk_tolerates() -> None:
     assert resp.object == "chat.completion" and resp.created == 0
     assert resp.choices[0].message.content == "hi"
     assert resp.choices[0].finish_reason == "eos"
+
+
+def test_only_fields_a_type_has_are_filled_in() -> None:
+    page = to_result(CreateEmbeddingResponse, {"data": [], "model": "e"})  # no usage, no object
+    assert page.object == "list" and page.model_extra == {}
 
 
 OK_COMPLETION = {

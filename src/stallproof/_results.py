@@ -62,7 +62,8 @@ def _tolerant(cls: type[M], data: dict[str, Any]) -> M:
     """What the SDK gives for a response with gaps: defaults, else built without checks."""
     filled = dict(data)
     for name, default in _TOP_DEFAULTS.items():
-        filled.setdefault(name, default)
+        if name in cls.model_fields:
+            filled.setdefault(name, default)
     literal = _only_value(cls, "object")
     if literal is not None:
         filled.setdefault("object", literal)
