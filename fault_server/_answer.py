@@ -124,13 +124,17 @@ def frame_json(frame: bytes) -> Any:
 
 
 class LocalSource:
-    """The answers the server makes up: the model list, or a completion of ``tokens``."""
+    """The answers the server makes up: a completion of ``tokens``, an answer made from
+    the request already (embeddings), else the model list."""
 
-    def __init__(self, chat: ChatRequest | None, tokens: int) -> None:
+    def __init__(self, chat: ChatRequest | None, tokens: int, answer: Whole | None = None) -> None:
         self._chat = chat
         self._tokens = tokens
+        self._answer = answer
 
     async def answer(self, stream: bool) -> Whole | Frames:
+        if self._answer is not None:
+            return self._answer
         if self._chat is None:
             return models()
         if stream:

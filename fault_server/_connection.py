@@ -30,7 +30,7 @@ from ._control import PREFIX, control
 from ._exchange import Exchange, Outcome, PeerGone, PeerWatcher, Source, whole_bytes
 from ._faults import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
 from ._journal import ConnLog, RequestLog
-from ._openai import ChatRequest, RequestError, Whole, error, parse_chat
+from ._openai import ChatRequest, RequestError, Whole, embeddings, error, parse_chat
 from ._scenarios import RequestInfo
 from ._state import ServerState
 
@@ -45,6 +45,7 @@ _LINGER = 1.0  # bounds the drain of an unread body after an early error answer.
 _CLOSE_FLUSH = 1.0  # bounds the flush of a graceful close before it becomes an abort.
 _CHAT = "/v1/chat/completions"
 _MODELS = "/v1/models"
+_EMBEDDINGS = "/v1/embeddings"
 
 
 class _Closed(Exception):
@@ -285,13 +286,16 @@ class Connection:
             headers = self._request.headers if self._request is not None else []
             answers = upstream.source(method, target, list(headers), body, chat)
         else:
-            if path == _CHAT:
-                try:
+            answer: Whole | None = None
+            try:
+                if path == _CHAT:
                     chat = parse_chat(body)
-                except RequestError as exc:
-                    whole = error(400, str(exc), param=exc.param)
-                    return await self._send(whole, request_id, log=log)
-            answers = LocalSource(chat, spec.integer("tokens"))
+                elif path == _EMBEDDINGS:
+                    answer = embeddings(body)
+            except RequestError as exc:
+                whole = error(400, str(exc), param=exc.param)
+                return await self._send(whole, request_id, log=log)
+            answers = LocalSource(chat, spec.integer("tokens"), answer)
         return await self._run(spec, chat, answers, request_id, hold, log)
 
     def _armed(self, spec: FaultSpec, source: str, info: RequestInfo) -> tuple[FaultSpec, str]:
@@ -326,9 +330,10 @@ class Connection:
     @staticmethod
     def _route(method: str, path: str) -> Whole | None:
         """An error for a path or method we do not serve, else None."""
-        wanted = {_CHAT: "POST", _MODELS: "GET"}.get(path)
+        wanted = {_CHAT: "POST", _MODELS: "GET", _EMBEDDINGS: "POST"}.get(path)
         if wanted is None:
-            return error(404, f"unknown path {path!r}; served: {_CHAT}, {_MODELS}")
+            served = f"{_CHAT}, {_MODELS}, {_EMBEDDINGS}"
+            return error(404, f"unknown path {path!r}; served: {served}")
         if method != wanted:
             return error(405, f"{path} takes {wanted}, not {method}")
         return None

@@ -8,7 +8,9 @@ or padded to the requested number of tokens, so a test can assert exactly what i
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import secrets
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ __all__ = [
     "Whole",
     "completion",
     "completion_stream",
+    "embeddings",
     "error",
     "huge_completion",
     "huge_stream_line",
@@ -203,6 +206,48 @@ def models() -> Whole:
         for m in MODELS
     ]
     return Whole(200, _json({"object": "list", "data": data}))
+
+
+_EMBEDDING_DIMENSIONS = 8
+
+
+def embeddings(body: bytes) -> Whole:
+    """The ``POST /v1/embeddings`` answer: a deterministic unit vector per input.
+
+    Raises:
+        RequestError: the body is not JSON, or ``model``/``input``/``dimensions`` is wrong.
+    """
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError("request body must be a JSON object")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("'model' must be a non-empty string", "model")
+    raw = data.get("input")
+    inputs = [raw] if isinstance(raw, str) else raw
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("'input' must be a string or a non-empty list", "input")
+    size = data.get("dimensions", _EMBEDDING_DIMENSIONS)
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 4096:
+        raise RequestError("'dimensions' must be an integer in 1..4096", "dimensions")
+    rows = [
+        {"object": "embedding", "index": i, "embedding": _vector(json.dumps(item), size)}
+        for i, item in enumerate(inputs)
+    ]
+    tokens = sum(len(json.dumps(item).split()) for item in inputs)
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    payload = {"object": "list", "data": rows, "model": model, "usage": usage}
+    return Whole(200, _json(payload))
+
+
+def _vector(text: str, size: int) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    values = [digest[i % len(digest)] - 127.5 for i in range(size)]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [round(v / norm, 6) for v in values]
 
 
 def error(status: int, message: str, *, code: str | None = None, param: str | None = None) -> Whole:

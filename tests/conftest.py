@@ -94,8 +94,10 @@ class Sent:
     def __init__(self) -> None:
         self.headers: list[dict[str, str]] = []
         self.bodies: list[bytes] = []
+        self.urls: list[httpx.URL] = []
 
     async def hook(self, request: httpx.Request) -> None:
+        self.urls.append(request.url)
         self.headers.append(dict(request.headers))
         self.bodies.append(request.content)
 

@@ -44,20 +44,9 @@ from ._exceptions import (
     WriteTimeout,
 )
 from ._inflight import InflightCall, dump_on_signal, format_inflight, tag
-from ._models import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionMessage,
-    ChatCompletionMessageToolCall,
-    Choice,
-    ChoiceDelta,
-    ChoiceDeltaToolCall,
-    ChoiceDeltaToolCallFunction,
-    ChunkChoice,
-    Function,
-    Usage,
-)
 from ._pacer import Pacer, PacerState
+from ._raw import RawResponse, StreamingResponse
+from ._resources import Embeddings, ModelList, ModelPage, Models
 from ._retry import DEFAULT_RETRY_STATUSES, Retry, RetryBudget
 from ._stream import AsyncStream
 from ._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
@@ -74,15 +63,6 @@ __all__ = [
     "Breaker",
     "CallOptions",
     "Chat",
-    "ChatCompletion",
-    "ChatCompletionChunk",
-    "ChatCompletionMessage",
-    "ChatCompletionMessageToolCall",
-    "Choice",
-    "ChoiceDelta",
-    "ChoiceDeltaToolCall",
-    "ChoiceDeltaToolCallFunction",
-    "ChunkChoice",
     "CircuitOpen",
     "CircuitState",
     "Client",
@@ -95,10 +75,10 @@ __all__ = [
     "DeadlineExceeded",
     "DEFAULT_RETRY_STATUSES",
     "dump_on_signal",
+    "Embeddings",
     "Engine",
     "FirstTokenTimeout",
     "format_inflight",
-    "Function",
     "http_client",
     "http_client2",
     "IdleTimeout",
@@ -107,6 +87,9 @@ __all__ = [
     "InvalidRequestError",
     "Limits",
     "MalformedResponse",
+    "ModelList",
+    "ModelPage",
+    "Models",
     "NotFoundError",
     "Pacer",
     "PacerState",
@@ -115,6 +98,7 @@ __all__ = [
     "PoolTimeout",
     "ProtocolError",
     "RateLimitError",
+    "RawResponse",
     "ReadTimeout",
     "ResponseTooLarge",
     "Retry",
@@ -122,6 +106,7 @@ __all__ = [
     "RetryWouldExceedDeadline",
     "StallproofError",
     "StreamErrorEvent",
+    "StreamingResponse",
     "tag",
     "TimeoutException",
     "Timeouts",
@@ -130,7 +115,6 @@ __all__ = [
     "TruncatedResponse",
     "UnprocessableEntityError",
     "UNSET",
-    "Usage",
     "WriteTimeout",
 ]
 

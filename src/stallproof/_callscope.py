@@ -79,7 +79,7 @@ class CallScope:
                 agent=call.agent, estimated_tokens=estimated_tokens, deadline=call.total_deadline
             )
         except exc.PacerTimeout as e:
-            e.request_id = call.request_id
+            e.stallproof_request_id = call.request_id
             raise
 
     def admit(self, circuit: Circuit | None) -> None:

@@ -260,6 +260,8 @@ class Engine:
             labels={**tag_labels, **(opts.labels or {})},
             max_attempts=policy.attempts,
             scope=current_deadline(),
+            method=out.method.decode("ascii", "replace"),
+            url=out.url,
         )
         circuit: Circuit | None = None
         if self._breakers is not None:
