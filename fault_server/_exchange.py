@@ -28,8 +28,9 @@ import h11
 
 from ._answer import Frames
 from ._faults import FaultSpec
+from ._formats import made_stream
 from ._journal import RequestLog
-from ._openai import ChatRequest, EventStream, Whole, completion_stream
+from ._openai import Api, ChatRequest, EventStream, Whole
 
 __all__ = [
     "Exchange",
@@ -167,6 +168,11 @@ class Exchange:
         return self.chat is not None and self.chat.stream
 
     @property
+    def api(self) -> Api | None:
+        """The request's wire format (`_formats`); None for a request without a body."""
+        return self.chat.api if self.chat is not None else None
+
+    @property
     def model(self) -> str:
         return self.chat.model if self.chat is not None else "fault-model"
 
@@ -190,9 +196,10 @@ class Exchange:
         return Whole(answer.status, body, answer.content_type, answer.headers)
 
     def event_stream(self) -> EventStream:
-        """A stream the server makes up, for faults that write their own chunks."""
+        """A stream the server makes up, in the request's format, for faults that write
+        their own chunks."""
         chat = self.chat or ChatRequest(model=self.model, text="", prompt_tokens=0)
-        return completion_stream(chat, self.spec.integer("tokens"))
+        return made_stream(chat, self.spec.integer("tokens"))
 
     # -- sending -----------------------------------------------------------------------
 

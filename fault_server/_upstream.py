@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ._answer import Frames, UpstreamBroken, frame_json
-from ._openai import ChatRequest, Whole, error
+from ._openai import Api, ChatRequest, Whole, error
 
 __all__ = ["Upstream", "UpstreamFrames", "UpstreamSource", "check_upstream_url"]
 
@@ -161,11 +161,12 @@ class UpstreamSource:
         passed = tuple(
             (k, v)
             for k, v in response.headers.items()
-            if k in _PASS or k.startswith("x-ratelimit-")
+            if k in _PASS or k.startswith(("x-ratelimit-", "anthropic-ratelimit-"))
         )
         content_type = response.headers.get("content-type", "application/json")
         if response.status_code == 200 and content_type.startswith("text/event-stream"):
-            frames = UpstreamFrames(response, response.status_code, passed)
+            api = self._chat.api if self._chat is not None else "chat"
+            frames = UpstreamFrames(response, response.status_code, passed, api)
             self._frames.append(frames)
             return frames
         try:
@@ -185,9 +186,13 @@ class UpstreamFrames(Frames):
     """An upstream SSE body cut into events as it arrives; line ends normalised to LF."""
 
     def __init__(
-        self, response: httpx.Response, status: int, headers: tuple[tuple[str, str], ...]
+        self,
+        response: httpx.Response,
+        status: int,
+        headers: tuple[tuple[str, str], ...],
+        api: Api = "chat",
     ) -> None:
-        super().__init__(status, headers)
+        super().__init__(status, headers, api)
         self._chunks: AsyncIterator[bytes] = response.aiter_bytes()
         self._buffer = b""
         self._ended = False
