@@ -16,7 +16,9 @@ from ._answer import Frames
 from ._exchange import Exchange, Outcome
 from ._formats import api_error, keepalive
 from ._openai import DONE, Whole, huge_completion, huge_stream_line
+from ._rate_limit import RATE_FAULTS
 from ._sending import Behaviour, healthy, send_frames, send_opening, send_part
+from ._slicer import SLICER_FAULTS
 from ._sse_faults import SSE_FAULTS
 from ._timing_faults import TIMING_FAULTS
 from ._wire_faults import WIRE_FAULTS
@@ -187,5 +189,5 @@ _BASIC: dict[str, Behaviour] = {
 }
 
 BEHAVIOURS: Mapping[str, Behaviour] = MappingProxyType(
-    {**_BASIC, **WIRE_FAULTS, **SSE_FAULTS, **TIMING_FAULTS}
+    {**_BASIC, **WIRE_FAULTS, **SSE_FAULTS, **TIMING_FAULTS, **RATE_FAULTS, **SLICER_FAULTS}
 )

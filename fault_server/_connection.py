@@ -27,7 +27,15 @@ import h11
 from ._answer import LocalSource, UpstreamBroken
 from ._behaviours import BEHAVIOURS
 from ._control import PREFIX, control
-from ._exchange import Exchange, Outcome, PeerGone, PeerWatcher, Source, whole_bytes
+from ._exchange import (
+    Exchange,
+    Outcome,
+    PeerGone,
+    PeerWatcher,
+    Source,
+    linger_zero,
+    whole_bytes,
+)
 from ._faults import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
 from ._formats import lenient_request, parse_request, route
 from ._journal import ConnLog, RequestLog
@@ -87,7 +95,7 @@ class Connection:
             await self._accept_slowly()
             graceful = await self._serve()
         except _Closed as exc:
-            graceful = True  # a FIN, so an idle keep-alive client sees a clean end.
+            graceful = exc.how != "refused"  # else an RST; a FIN for an idle keep-alive client.
             self._log.close(exc.by, exc.how)
         except PeerGone:
             self._log.close("client", "rst")
@@ -107,6 +115,9 @@ class Connection:
         if rule is None:
             return
         self._log.fault = str(rule.spec)
+        if rule.spec.name == "refuse":
+            linger_zero(self._writer)  # the abort in serve() then sends an RST.
+            raise _Closed("server", "refused")
         await asyncio.sleep(min(rule.spec.number("pause"), self._max_hold))
 
     async def _serve(self) -> bool:
@@ -341,6 +352,7 @@ class Connection:
             request_id=request_id,
             source=answers,
             log=log,
+            buckets=self._state.buckets,
         )
         behaviour = BEHAVIOURS[spec.name]
         watcher.start()

@@ -27,6 +27,7 @@ import anyio
 import h11
 
 from ._answer import Frames
+from ._buckets import Buckets
 from ._faults import FaultSpec
 from ._formats import made_stream
 from ._journal import RequestLog
@@ -39,6 +40,7 @@ __all__ = [
     "PeerWatcher",
     "Source",
     "advised_delay",
+    "linger_zero",
     "whole_bytes",
 ]
 
@@ -149,8 +151,10 @@ class Exchange:
         request_id: str,
         source: Source,
         log: RequestLog | None = None,
+        buckets: Buckets | None = None,
     ) -> None:
         self.spec = spec
+        self.buckets = buckets if buckets is not None else Buckets()
         self.chat = chat
         self.log = log
         self._conn = conn
@@ -317,10 +321,7 @@ class Exchange:
     async def reset(self) -> Outcome:
         """Flush what was written, then abort the connection with a TCP RST."""
         await self.flush()
-        sock = self._writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        linger_zero(self._writer)
         self._writer.transport.abort()
         return Outcome.ABORTED
 
@@ -329,6 +330,14 @@ class Exchange:
         await self.flush()
         with contextlib.suppress(OSError, RuntimeError):
             self._writer.write_eof()
+
+
+def linger_zero(writer: asyncio.StreamWriter) -> None:
+    """Make the socket's close an RST (SO_LINGER on, 0 s) instead of a FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 def whole_bytes(

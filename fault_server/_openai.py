@@ -21,6 +21,7 @@ __all__ = [
     "Api",
     "ChatRequest",
     "EventStream",
+    "chat_chunk",
     "RequestError",
     "Whole",
     "completion",
@@ -376,6 +377,17 @@ def _chunk(
         "service_tier": "default",
         "system_fingerprint": FINGERPRINT,
     }
+
+
+def chat_chunk(first: dict[str, Any], delta: dict[str, Any], finish_reason: str | None) -> bytes:
+    """A chat chunk frame with the id, created and model of ``first`` (another chunk's JSON,
+    as an upstream sent it), for faults that add chunks to a stream they did not make."""
+    cid = str(first.get("id", "chatcmpl-proxy"))
+    created = first.get("created", 0)
+    model = str(first.get("model", "fault-model"))
+    return _frame(
+        _chunk(cid, model, created if isinstance(created, int) else 0, delta, finish_reason)
+    )
 
 
 def sse_event(name: str, payload: dict[str, Any]) -> bytes:

@@ -113,7 +113,10 @@ def _open_completion(ex: Exchange, cid: str, created: int) -> bytes:
 
 
 WIRE_FAULTS: dict[str, Behaviour] = {
-    "slow_accept": healthy,  # the pause happens before the request is read (_connection).
+    # Connection level: they act before a request is read (_connection, _tls).
+    "slow_accept": healthy,
+    "refuse": healthy,
+    "tls_stall": healthy,
     "half_close": half_close,
     "cut_after": cut_after,
     "stall_in_headers": stall_in_headers,
