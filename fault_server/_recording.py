@@ -1,13 +1,15 @@
 """Record a real upstream's answers in proxy mode, and serve them back later, faults and all.
 
 ``FaultServer(upstream=URL, record=FILE)`` writes each complete exchange it forwards to
-``FILE`` (JSON Lines, one exchange a line, the file truncated at start); an answer a fault
-cut short, or an upstream broke off, is not written. ``FaultServer(replay=FILE)`` serves
-the recorded answers instead of asking anyone: every fault applies to them as to a live
-upstream's. A request finds its answer by method, path (and query), whether it streams,
-and its JSON body with ``stream`` and ``stream_options`` left out; when a request was
-recorded several times, the answers are served in their order, then again from the first.
-A request with no recorded answer gets a 404 that says so.
+``FILE`` (JSON Lines, one exchange a line, the file truncated at start): the upstream's
+answer, whatever the fault then did with it; a stream is written once read to its end, so
+one that the upstream broke off, or that a fault stopped reading early, is not.
+``FaultServer(replay=FILE)`` serves the recorded answers instead of asking anyone: every
+fault applies to them as to a live upstream's. A request finds its answer by method, path
+(and query), whether it streams, and its JSON body with ``stream`` and ``stream_options``
+left out; when a request was recorded several times, the answers are served in their
+order, then again from the first. A request with no recorded answer gets a 404 that says
+so.
 
 A line holds ``method``, ``path``, ``stream``, ``request`` (the canonical body), ``api``,
 ``status``, ``content_type``, ``headers`` (the passed-on ones) and either ``body`` (text)

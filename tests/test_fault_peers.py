@@ -1,0 +1,301 @@
+"""What peers (Toxiproxy and co.) offer, checked on the wire: refused connections, the
+slicer, a token-bucket rate limiter, faults under TLS with a handshake that never ends, and
+record/replay of a real upstream through proxy mode.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+import fault_server
+from fault_server import FaultServer, ServerThread
+from fault_server._recording import RecordingError
+
+from .test_fault_server import (
+    CHAT,
+    STREAM,
+    Raw,
+    address,
+    chat_path,
+    dechunk,
+    no_server_errors,
+    own,
+    request,
+    srv,
+)
+
+__all__ = ["no_server_errors", "own", "srv"]  # fixtures, used by name.
+
+MESSAGES = {
+    "model": "claude-test",
+    "max_tokens": 64,
+    "messages": [{"role": "user", "content": "hello brave new world"}],
+}
+
+
+@pytest.fixture
+def tls_server() -> Iterator[ServerThread]:
+    with fault_server.running(port=0, max_hold=5.0, tls=True) as server:
+        yield server
+
+
+def trusting(server: ServerThread) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=server.tls_cert)
+
+
+# -- refused ---------------------------------------------------------------------------
+
+
+def test_refused_url_refuses_at_once(srv: ServerThread) -> None:
+    start = time.monotonic()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(address(srv.refused_url), timeout=3)
+    assert time.monotonic() - start < 0.5
+
+
+def test_refuse_scenario_resets_before_reading_then_serves(own: ServerThread) -> None:
+    own.scenario("refuse", times=1)
+    # The RST may come before connect() returns, or at the first send or read.
+    with pytest.raises(ConnectionResetError), Raw(own) as raw:
+        raw.send(request(chat_path(own), CHAT))
+        raw.sock.settimeout(3)
+        while raw.sock.recv(65536):
+            pass
+    with Raw(own) as raw:
+        raw.send(request(chat_path(own), CHAT))
+        status, _ = raw.head()
+    assert status == 200
+    first = own.journal()[0]
+    assert (first.closed_by, first.how, first.fault) == ("server", "refused", "refuse")
+    assert first.requests == ()
+
+
+def test_refuse_is_connection_level_only(srv: ServerThread) -> None:
+    with Raw(srv) as raw:
+        raw.send(request(chat_path(srv, "refuse"), CHAT))
+        status, _ = raw.head()
+    assert status == 400
+
+
+# -- slicer ----------------------------------------------------------------------------
+
+
+def test_slicer_sends_small_varied_slices_apart(srv: ServerThread) -> None:
+    with Raw(srv) as raw:
+        raw.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        path = chat_path(srv, "slicer", size=6, variation=3, interval=0.01)
+        raw.send(request(path, CHAT, headers=(("Connection", "close"),)))
+        start = time.monotonic()
+        reads: list[bytes] = []
+        raw.sock.settimeout(5)
+        while chunk := raw.sock.recv(65536):
+            reads.append(chunk)
+        elapsed = time.monotonic() - start
+    data = b"".join(reads)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    reply = json.loads(body)
+    assert reply["choices"][0]["message"]["content"].startswith("echo: hello")
+    slices = len(data) / 9  # at most size + variation bytes each.
+    assert len(reads) >= slices / 2  # a busy machine may merge a few, not most.
+    assert elapsed >= (slices - 1) * 0.01 * 0.9
+    assert min(len(r) for r in reads) <= 9
+
+
+def test_slicer_stream_reassembles(srv: ServerThread) -> None:
+    with openai.OpenAI(
+        base_url=srv.url("slicer", size=20, variation=10, interval=0.001), api_key="x"
+    ) as client:
+        text = "".join(
+            chunk.choices[0].delta.content or ""
+            for chunk in client.chat.completions.create(
+                model="m", messages=CHAT["messages"], stream=True
+            )
+            if chunk.choices
+        )
+    assert text == "echo: hello brave new world lorem ipsum dolor"
+
+
+# -- rate_limit ------------------------------------------------------------------------
+
+
+def test_rate_limit_is_a_token_bucket(srv: ServerThread, fault_key: str) -> None:
+    url = srv.url("rate_limit", limit=2, rate=2, key=fault_key)
+    with httpx.Client(base_url=url, timeout=5) as client:
+        answers = [client.post("/chat/completions", json=CHAT) for _ in range(3)]
+        time.sleep(0.55)  # one token back (2 a second).
+        later = client.post("/chat/completions", json=CHAT)
+        other = httpx.post(
+            srv.url("rate_limit", limit=2, rate=2, key=fault_key + "-other") + "/chat/completions",
+            json=CHAT,
+        )
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert [a.headers["x-ratelimit-remaining-requests"] for a in answers] == ["1", "0", "0"]
+    assert all(a.headers["x-ratelimit-limit-requests"] == "2" for a in answers)
+    refused = answers[2]
+    assert refused.headers["retry-after"] == "1"
+    assert 300 <= float(refused.headers["retry-after-ms"]) <= 500
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert later.status_code == 200
+    assert other.status_code == 200  # its own bucket.
+
+
+def test_rate_limit_on_messages_speaks_anthropic(srv: ServerThread, fault_key: str) -> None:
+    base = srv.url("rate_limit", limit=1, rate=0.5, key=fault_key).removesuffix("/v1")
+    with anthropic.Anthropic(base_url=base, api_key="x", max_retries=0) as client:
+        raw = client.messages.with_raw_response.create(**MESSAGES)  # type: ignore[call-overload]
+        with pytest.raises(anthropic.RateLimitError) as caught:
+            client.messages.create(**MESSAGES)  # type: ignore[call-overload]
+    assert raw.headers["anthropic-ratelimit-requests-limit"] == "1"
+    assert raw.headers["anthropic-ratelimit-requests-remaining"] == "0"
+    assert caught.value.response.headers["retry-after"] == "2"
+
+
+def test_rate_limit_is_honoured_by_the_openai_sdk(srv: ServerThread, fault_key: str) -> None:
+    url = srv.url("rate_limit", limit=1, rate=4, key=fault_key)
+    with openai.OpenAI(base_url=url, api_key="x", max_retries=3) as client:
+        start = time.monotonic()
+        for _ in range(3):
+            client.chat.completions.create(model="m", messages=CHAT["messages"])
+        elapsed = time.monotonic() - start
+    assert elapsed >= 0.4  # two waits of ~0.25 s, told by retry-after-ms.
+    verdict = srv.verdict(fault_key)
+    assert verdict.attempts >= 5
+
+
+# -- TLS -------------------------------------------------------------------------------
+
+
+def test_tls_listener_serves_every_fault(tls_server: ServerThread) -> None:
+    url = tls_server.tls_url()
+    assert url.startswith("https://")
+    with httpx.Client(verify=trusting(tls_server), timeout=5) as client:
+        models = client.get(url + "/models")
+        status = client.post(
+            tls_server.tls_url("status", code=503) + "/chat/completions", json=CHAT
+        )
+        start = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            client.post(
+                tls_server.tls_url("stall_headers") + "/chat/completions",
+                json=CHAT,
+                timeout=httpx.Timeout(5, read=0.3),
+            )
+        elapsed = time.monotonic() - start
+    assert models.status_code == 200
+    assert models.json()["object"] == "list"
+    assert status.status_code == 503
+    assert 0.3 <= elapsed < 1.5
+    with pytest.raises(httpx.ConnectError):  # an untrusted certificate is refused.
+        httpx.get(url + "/models", timeout=5)
+
+
+def test_openai_sdk_streams_over_tls(tls_server: ServerThread) -> None:
+    http = httpx.Client(verify=trusting(tls_server))
+    with openai.OpenAI(base_url=tls_server.tls_url(), api_key="x", http_client=http) as client:
+        chunks = list(
+            client.chat.completions.create(model="m", messages=CHAT["messages"], stream=True)
+        )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).startswith(
+        "echo:"
+    )
+
+
+def test_tls_stall_never_finishes_the_handshake(tls_server: ServerThread) -> None:
+    tls_server.scenario("tls_stall", times=1, hold=1.0)
+    host, port = address(tls_server.tls_url())
+    start = time.monotonic()
+    with pytest.raises(httpx.ConnectTimeout):
+        httpx.get(
+            tls_server.tls_url() + "/models",
+            verify=trusting(tls_server),
+            timeout=httpx.Timeout(5, connect=0.3),
+        )
+    elapsed = time.monotonic() - start
+    assert 0.3 <= elapsed < 1.0
+    # On the wire: TCP is accepted, the ClientHello gets no answer, the hold closes it.
+    tls_server.scenario("tls_stall", times=1, hold=0.5)
+    with socket.create_connection((host, port), timeout=3) as sock:
+        context = trusting(tls_server)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = context.wrap_bio(incoming, outgoing, server_hostname=host)
+        with pytest.raises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        sock.sendall(outgoing.read())  # the ClientHello.
+        start = time.monotonic()
+        sock.settimeout(3)
+        assert sock.recv(65536) == b""  # nothing, then the server's close.
+        assert 0.4 <= time.monotonic() - start < 1.5
+    # The next connection shakes hands and is served.
+    answer = httpx.get(tls_server.tls_url() + "/models", verify=trusting(tls_server), timeout=5)
+    assert answer.status_code == 200
+
+
+def test_tls_urls_need_tls(srv: ServerThread) -> None:
+    with pytest.raises(RuntimeError, match="tls=True"):
+        srv.tls_url()
+
+
+# -- record and replay -------------------------------------------------------------------
+
+
+def test_record_then_replay_with_faults(own: ServerThread, tmp_path: Path) -> None:
+    tape = tmp_path / "tape.jsonl"
+    with (
+        fault_server.running(port=0, max_hold=5.0, upstream=own.url(), record=tape) as proxy,
+        httpx.Client(base_url=proxy.url(), timeout=5) as client,
+    ):
+        whole = client.post("/chat/completions", json=CHAT).json()
+        streamed = client.post("/chat/completions", json=STREAM).content
+        messages = client.post("/messages", json={**MESSAGES, "stream": True}).content
+        # A stream the fault stopped reading early is not recorded.
+        stalled = {"X-Fault": "sse_stall;after=1;hold=0.2"}
+        with pytest.raises(httpx.RemoteProtocolError):
+            client.post("/chat/completions", json=STREAM, headers=stalled)
+    lines = [json.loads(line) for line in tape.read_text().splitlines()]
+    assert [(e["path"], e["stream"]) for e in lines] == [
+        ("/v1/chat/completions", False),
+        ("/v1/chat/completions", True),
+        ("/v1/messages", True),
+    ]
+    with fault_server.running(port=0, max_hold=5.0, replay=tape) as replay:
+        assert replay.upstream == f"replay:{tape}"
+        with httpx.Client(base_url=replay.url(), timeout=5) as client:
+            again = client.post("/chat/completions", json=CHAT).json()
+            again_streamed = client.post("/chat/completions", json=STREAM).content
+            again_messages = client.post("/messages", json={**MESSAGES, "stream": True}).content
+            missing = client.post("/chat/completions", json={**CHAT, "model": "other"})
+        with Raw(replay) as raw:  # a fault applies to the recorded stream.
+            raw.send(request(chat_path(replay, "sse_stall", after=1, hold=0.3), STREAM))
+            status, _ = raw.head()
+            rest, eof = raw.recv_for(1.0)
+    assert again == whole  # the recorded id, created and content: not made up anew.
+    assert again_streamed == streamed
+    assert again_messages == messages
+    assert missing.status_code == 404
+    assert "no non-streamed answer recorded" in missing.json()["error"]["message"]
+    assert status == 200 and eof
+    body, ended = dechunk(rest)
+    assert not ended
+    assert body == b"".join(streamed.split(b"\n\n")[i] + b"\n\n" for i in range(2))
+
+
+def test_replay_refuses_a_bad_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"method": "POST"}\n')
+    server = FaultServer(replay=bad)
+    with pytest.raises(RecordingError, match="line 1"), fault_server.running(replay=bad):
+        pass
+    assert server.upstream == f"replay:{bad}"
+    with pytest.raises(ValueError, match="record= needs upstream"):
+        FaultServer(record=bad)
