@@ -6,8 +6,13 @@ record/replay of a real upstream through proxy mode.
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +28,7 @@ from fault_server._recording import RecordingError
 
 from .test_fault_server import (
     CHAT,
+    ROOT,
     STREAM,
     Raw,
     address,
@@ -299,3 +305,47 @@ def test_replay_refuses_a_bad_file(tmp_path: Path) -> None:
     assert server.upstream == f"replay:{bad}"
     with pytest.raises(ValueError, match="record= needs upstream"):
         FaultServer(record=bad)
+
+
+# -- the CLI -------------------------------------------------------------------------------
+
+
+def cli(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "fault_server", "--port", "0", "--max-hold", "2", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_cli_tls_and_replay(tmp_path: Path) -> None:
+    proc = cli("--tls")
+    try:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 15)
+        assert ready, "the CLI printed no URL within 15 s"
+        lines = [proc.stdout.readline().strip() for _ in range(3)]
+        cert = proc.stderr.readline().strip().rpartition(": ")[2]
+        assert lines[2].startswith("https://127.0.0.1:")
+        context = ssl.create_default_context(cafile=cert)
+        assert httpx.get(lines[2] + "/models", verify=context, timeout=5).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    proc = cli("--replay", str(bad))
+    try:
+        _, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert "line 1 of replay file" in err
