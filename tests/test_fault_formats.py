@@ -7,6 +7,7 @@ wire with a raw socket: which events come, and when the silence starts.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -17,13 +18,12 @@ import httpx2
 import openai
 import pytest
 
-from fault_server import ServerThread
+from fault_server import FAULTS, ServerThread
 
-from .test_fault_server import Raw, dechunk, no_server_errors, request, srv
+from .test_fault_proxy import proxy, upstream
+from .test_fault_server import Raw, address, dechunk, no_server_errors, request, srv
 
-__all__ = ["no_server_errors", "srv"]  # fixtures, used by name.
-
-pytestmark = pytest.mark.anyio
+__all__ = ["no_server_errors", "proxy", "srv", "upstream"]  # fixtures, used by name.
 
 SAID = "hello brave new world"
 ANSWER = "echo: hello brave new world lorem ipsum dolor"  # 8 tokens, the default.
@@ -63,7 +63,8 @@ def raw_stream(
     """Status, headers, the dechunked body read within ``seconds``, whether it was
     terminated, and when the last byte came (seconds after the head)."""
     with Raw(srv) as raw:
-        raw.send(request(api_path(srv, api, fault, **params), payload))
+        path = api_path(srv, api, fault, **params)
+        raw.send(request(path, payload, headers=(("Connection", "close"),)))
         status, headers = raw.head()
         start = time.monotonic()
         data, last = raw.buffer, 0.0
@@ -81,6 +82,7 @@ def raw_stream(
 # -- healthy answers, through the real SDKs ----------------------------------------------
 
 
+@pytest.mark.anyio
 async def test_anthropic_sdk_non_stream(srv: ServerThread) -> None:
     async with anthropic.AsyncAnthropic(
         base_url=anthropic_url(srv), api_key="x", max_retries=0
@@ -97,6 +99,7 @@ async def test_anthropic_sdk_non_stream(srv: ServerThread) -> None:
     assert (message.usage.input_tokens, message.usage.output_tokens) == (4, 8)
 
 
+@pytest.mark.anyio
 async def test_anthropic_sdk_stream_helper(srv: ServerThread) -> None:
     async with (
         anthropic.AsyncAnthropic(base_url=anthropic_url(srv), api_key="x", max_retries=0) as client,
@@ -112,6 +115,7 @@ async def test_anthropic_sdk_stream_helper(srv: ServerThread) -> None:
     assert final.usage.output_tokens == 8
 
 
+@pytest.mark.anyio
 async def test_anthropic_sdk_raw_events_have_ping_and_typed_blocks(srv: ServerThread) -> None:
     async with anthropic.AsyncAnthropic(
         base_url=anthropic_url(srv), api_key="x", max_retries=0
@@ -138,6 +142,7 @@ def test_anthropic_stream_on_the_wire(srv: ServerThread) -> None:
         assert data["type"] == name  # every event names its type twice, as Anthropic does.
 
 
+@pytest.mark.anyio
 async def test_anthropic_sdk_tool_use(srv: ServerThread) -> None:
     async with anthropic.AsyncAnthropic(
         base_url=anthropic_url(srv), api_key="x", max_retries=0
@@ -154,6 +159,7 @@ async def test_anthropic_sdk_tool_use(srv: ServerThread) -> None:
         assert block.input == {"text": ANSWER}
 
 
+@pytest.mark.anyio
 async def test_openai_sdk_responses(srv: ServerThread) -> None:
     async with openai.AsyncOpenAI(base_url=srv.url(), api_key="x", max_retries=0) as client:
         response = await client.responses.create(**RESPONSES)
@@ -180,6 +186,7 @@ async def test_openai_sdk_responses(srv: ServerThread) -> None:
     assert last.response.output_text == ANSWER
 
 
+@pytest.mark.anyio
 async def test_openai_sdk_responses_function_call_and_length(srv: ServerThread) -> None:
     tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
     async with openai.AsyncOpenAI(base_url=srv.url(), api_key="x", max_retries=0) as client:
@@ -195,6 +202,7 @@ async def test_openai_sdk_responses_function_call_and_length(srv: ServerThread) 
     assert short.output_text == "echo: hello brave"
 
 
+@pytest.mark.anyio
 async def test_openai_sdk_embeddings_and_models(srv: ServerThread) -> None:
     async with openai.AsyncOpenAI(base_url=srv.url(), api_key="x", max_retries=0) as client:
         packed = await client.embeddings.create(model="emb", input=["a b", "c"])  # base64
@@ -278,6 +286,7 @@ def test_error_event_on_messages_and_responses(srv: ServerThread) -> None:
     assert (name, data["type"]) == ("error", "error")
 
 
+@pytest.mark.anyio
 async def test_status_on_messages_is_anthropic_shaped(srv: ServerThread) -> None:
     url = anthropic_url(srv, "status", code=429, retry_after="0")
     async with anthropic.AsyncAnthropic(base_url=url, api_key="x", max_retries=0) as client:
@@ -321,6 +330,7 @@ def test_chat_only_faults_refuse_other_apis(srv: ServerThread) -> None:
         assert "chat completions only" in data["error"]["message"]
 
 
+@pytest.mark.anyio
 async def test_anthropic_sdk_times_out_on_a_stalled_stream(srv: ServerThread) -> None:
     url = anthropic_url(srv, "sse_stall", hold=3)
     async with anthropic.AsyncAnthropic(
@@ -334,3 +344,69 @@ async def test_anthropic_sdk_times_out_on_a_stalled_stream(srv: ServerThread) ->
                     pass
         elapsed = time.monotonic() - start
     assert 0.3 <= elapsed < 1.5
+
+
+# -- every fault, every format: ends within its hold, no server error ---------------------
+
+EMBEDDINGS = {"model": "emb", "input": ["a b", "c"]}
+PAYLOADS = [
+    ("messages", MESSAGES),
+    ("messages", {**MESSAGES, "stream": True}),
+    ("messages", {**MESSAGES, "tools": [TOOL], "stream": True}),
+    ("responses", RESPONSES),
+    ("responses", {**RESPONSES, "stream": True}),
+    ("embeddings", EMBEDDINGS),
+]
+SMALL = {"size": 4096, "interval": 0.01, "wait": 0.01, "tps": 200, "bytes": 300}
+
+
+def every_fault_ends(server: ServerThread) -> None:
+    """Every request-level fault on every format, at once: each ends (the server closes)
+    within its hold, and the autouse fixture sees no server error."""
+    host, port = address(server.base_url)
+
+    async def one(fault: str, api: str, payload: object) -> None:
+        params = {p.name: SMALL[p.name] for p in FAULTS[fault].params if p.name in SMALL}
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            path = api_path(server, api, fault, hold=0.3, **params)
+            writer.write(request(path, payload, headers=(("Connection", "close"),)))
+            with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+                await asyncio.wait_for(reader.readexactly(1 << 24), 3)
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        await asyncio.gather(
+            *(
+                one(name, api, payload)
+                for name, info in FAULTS.items()
+                if info.scope == "request"
+                for api, payload in PAYLOADS
+            )
+        )
+
+    start = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - start < 4
+
+
+def test_every_fault_on_every_format_ends_cleanly(srv: ServerThread) -> None:
+    every_fault_ends(srv)
+
+
+def test_every_fault_on_every_format_through_the_proxy(proxy: ServerThread) -> None:
+    every_fault_ends(proxy)
+
+
+def test_proxy_keeps_the_opening_of_a_real_anthropic_stream(proxy: ServerThread) -> None:
+    status, _, body, ended, _ = raw_stream(
+        proxy, "messages", {**MESSAGES, "stream": True}, "sse_stall", 1.0, after=1, hold=0.5
+    )
+    assert status == 200
+    assert not ended
+    names = [name for name, _ in sse(body)]
+    assert names == ["message_start", "content_block_start", "ping", "content_block_delta"]
+    _, _, body, ended, _ = raw_stream(proxy, "messages", {**MESSAGES, "stream": True}, "no_done", 2)
+    assert ended
+    assert [name for name, _ in sse(body)][-1] == "message_delta"
