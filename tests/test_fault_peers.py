@@ -23,8 +23,7 @@ import openai
 import pytest
 
 import fault_server
-from fault_server import FaultServer, ServerThread
-from fault_server._recording import RecordingError
+from fault_server import FaultServer, RecordingError, ServerThread
 
 from .test_fault_server import (
     CHAT,
