@@ -326,10 +326,19 @@ class Exchange:
         return Outcome.ABORTED
 
     async def half_close(self) -> None:
-        """Flush, then shut down our sending side (a FIN); the socket stays open to read."""
+        """Flush, then shut down our sending side (a FIN); the socket stays open to read.
+
+        Under TLS, which asyncio cannot half-close, the TCP socket beneath is shut down: a
+        FIN without TLS's close_notify, which the client reads as a truncated stream.
+        """
         await self.flush()
         with contextlib.suppress(OSError, RuntimeError):
-            self._writer.write_eof()
+            if self._writer.can_write_eof():
+                self._writer.write_eof()
+                return
+            sock = self._writer.get_extra_info("socket")
+            if sock is not None:
+                sock.shutdown(socket.SHUT_WR)
 
 
 def linger_zero(writer: asyncio.StreamWriter) -> None:

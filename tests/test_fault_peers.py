@@ -5,6 +5,7 @@ record/replay of a real upstream through proxy mode.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -23,7 +24,7 @@ import openai
 import pytest
 
 import fault_server
-from fault_server import FaultServer, RecordingError, ServerThread
+from fault_server import FAULTS, FaultServer, RecordingError, ServerThread
 
 from .test_fault_server import (
     CHAT,
@@ -348,3 +349,60 @@ def test_cli_tls_and_replay(tmp_path: Path) -> None:
         proc.kill()
     assert proc.returncode == 1
     assert "line 1 of replay file" in err
+
+
+def test_every_fault_under_tls_ends_cleanly(tls_server: ServerThread) -> None:
+    """Every request-level fault, stream and not, over TLS at once: each ends within its
+    hold, and the autouse fixture sees no server error (half_close, reset and the cuts
+    work on the TCP socket beneath the TLS)."""
+    host, port = address(tls_server.tls_url())
+    context = trusting(tls_server)
+    small = {"size": 4096, "interval": 0.01, "wait": 0.01, "tps": 200, "bytes": 300}
+
+    async def one(fault: str, payload: object) -> None:
+        params = {p.name: small[p.name] for p in FAULTS[fault].params if p.name in small}
+        reader, writer = await asyncio.open_connection(host, port, ssl=context)
+        try:
+            path = chat_path(tls_server, fault, hold=0.3, **params)
+            writer.write(request(path, payload, headers=(("Connection", "close"),)))
+            with pytest.raises((OSError, asyncio.IncompleteReadError)):
+                await asyncio.wait_for(reader.readexactly(1 << 24), 3)
+        finally:
+            writer.transport.abort()
+
+    async def main() -> None:
+        await asyncio.gather(
+            *(
+                one(name, payload)
+                for name, info in FAULTS.items()
+                if info.scope == "request"
+                for payload in (CHAT, STREAM)
+            )
+        )
+
+    start = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - start < 4
+
+
+def test_half_close_under_tls_sends_a_fin(tls_server: ServerThread) -> None:
+    """asyncio cannot half-close TLS: the TCP socket beneath is shut down instead, so the
+    client reads the partial answer, then an end (without close_notify) long before hold."""
+    host, port = address(tls_server.tls_url())
+    context = trusting(tls_server)
+    with (
+        socket.create_connection((host, port), timeout=3) as plain,
+        context.wrap_socket(plain, server_hostname=host) as sock,
+    ):
+        sock.sendall(request(chat_path(tls_server, "half_close", after=1, hold=3), STREAM))
+        data = b""
+        start = time.monotonic()
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except ssl.SSLEOFError:
+            pass  # the end came without close_notify, as it should.
+        elapsed = time.monotonic() - start
+    assert data.startswith(b"HTTP/1.1 200 ")
+    assert b'"content":"echo:"' in data
+    assert elapsed < 1.5
