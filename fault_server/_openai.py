@@ -182,11 +182,11 @@ def load_object(body: bytes) -> dict[str, Any]:
     """The JSON object of a request body (as `parse_chat` reads it).
 
     Raises:
-        RequestError: the body is not JSON, or not an object.
+        RequestError: the body is not JSON (or nested too deeply to read), or not an object.
     """
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise RequestError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise RequestError(f"request body must be a JSON object, not {type(data).__name__}")

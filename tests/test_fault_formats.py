@@ -410,3 +410,16 @@ def test_proxy_keeps_the_opening_of_a_real_anthropic_stream(proxy: ServerThread)
     _, _, body, ended, _ = raw_stream(proxy, "messages", {**MESSAGES, "stream": True}, "no_done", 2)
     assert ended
     assert [name for name, _ in sse(body)][-1] == "message_delta"
+
+
+def test_deeply_nested_json_gets_a_400(srv: ServerThread) -> None:
+    body = b"[" * 100_000
+    for api in ("messages", "responses", "embeddings"):
+        head = (
+            f"POST {api_path(srv, api)} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        with Raw(srv) as raw:
+            raw.send(head.encode() + body)
+            status, _ = raw.head()
+        assert status == 400, api
