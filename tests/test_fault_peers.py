@@ -9,11 +9,13 @@ import asyncio
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ import pytest
 
 import fault_server
 from fault_server import FAULTS, FaultServer, RecordingError, ServerThread
+from fault_server._tls import _with_openssl
 
 from .test_fault_server import (
     CHAT,
@@ -406,3 +409,34 @@ def test_half_close_under_tls_sends_a_fin(tls_server: ServerThread) -> None:
     assert data.startswith(b"HTTP/1.1 200 ")
     assert b'"content":"echo:"' in data
     assert elapsed < 1.5
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl command")
+def test_the_openssl_fallback_makes_a_certificate_clients_trust(tmp_path: Path) -> None:
+    """Without the cryptography package the certificate comes from the openssl command:
+    a real handshake over a socket pair verifies it for 127.0.0.1."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    _with_openssl("127.0.0.1", cert, key)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(cert))
+    left, right = socket.socketpair()
+    with left, right:
+        left.settimeout(5)
+        right.settimeout(5)
+        done: list[BaseException | None] = []
+
+        def serve() -> None:
+            try:
+                with server.wrap_socket(right, server_side=True) as tls:
+                    tls.sendall(b"ok")
+                done.append(None)
+            except BaseException as exc:  # reported below, never lost in the thread.
+                done.append(exc)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        with client.wrap_socket(left, server_hostname="127.0.0.1") as tls:
+            assert tls.recv(2) == b"ok"
+        thread.join(5)
+    assert done == [None]
