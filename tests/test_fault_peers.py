@@ -27,7 +27,7 @@ import pytest
 
 import fault_server
 from fault_server import FAULTS, FaultServer, RecordingError, ServerThread
-from fault_server._tls import _with_openssl
+from fault_server._tls import TLS_SUPPORTED, _with_openssl
 
 from .test_fault_server import (
     CHAT,
@@ -52,8 +52,13 @@ MESSAGES = {
 }
 
 
+needs_tls = pytest.mark.skipif(not TLS_SUPPORTED, reason="the TLS listener needs Python 3.11+")
+
+
 @pytest.fixture
 def tls_server() -> Iterator[ServerThread]:
+    if not TLS_SUPPORTED:
+        pytest.skip("the TLS listener needs Python 3.11+")
     with fault_server.running(port=0, max_hold=5.0, tls=True) as server:
         yield server
 
@@ -324,6 +329,7 @@ def cli(*args: str) -> subprocess.Popen[str]:
     )
 
 
+@needs_tls
 def test_cli_tls_and_replay(tmp_path: Path) -> None:
     proc = cli("--tls")
     try:
