@@ -88,6 +88,8 @@ async def test_anthropic_sdk_non_stream(srv: ServerThread) -> None:
         base_url=anthropic_url(srv), api_key="x", max_retries=0
     ) as client:
         message = await client.messages.create(**MESSAGES)
+        models = [model.id async for model in client.models.list()]
+    assert models == ["fault-model", "gpt-4o-mini"]
     assert message.id.startswith("msg_")
     assert message.role == "assistant"
     assert message.model == "claude-test"
