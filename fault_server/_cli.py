@@ -21,6 +21,7 @@ import textwrap
 from collections.abc import Sequence
 
 from ._control import catalogue
+from ._recording import RecordingError
 from ._server import FaultServer
 
 __all__ = ["main"]
@@ -65,6 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=30.0,
         help="most seconds any fault keeps a connection (default: %(default)s)",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="also serve HTTPS on another port, self-signed (its URL is the third line)",
+    )
+    parser.add_argument(
+        "--record", metavar="FILE", help="proxy mode: write the upstream's answers to FILE"
+    )
+    parser.add_argument(
+        "--replay", metavar="FILE", help="serve the answers recorded in FILE (by --record)"
+    )
     parser.add_argument("--list", action="store_true", help="print the fault catalogue and exit")
     args = parser.parse_args(args_list)
     if args.list:
@@ -78,22 +90,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     try:
         server = FaultServer(
-            host=args.host, port=args.port, max_hold=args.max_hold, upstream=args.upstream
+            host=args.host,
+            port=args.port,
+            max_hold=args.max_hold,
+            upstream=args.upstream,
+            tls=args.tls,
+            record=args.record,
+            replay=args.replay,
         )
     except ValueError as exc:
         parser.error(str(exc))
     raise_fd_limit()
     try:
-        asyncio.run(_serve(server))
+        asyncio.run(_serve(server, args.tls))
     except OSError as exc:
         print(f"fault-server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    except RecordingError as exc:
+        print(f"fault-server: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # where signal handlers cannot be installed.
         pass
     return 0
 
 
-async def _serve(server: FaultServer) -> None:
+async def _serve(server: FaultServer, tls: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -103,6 +124,9 @@ async def _serve(server: FaultServer) -> None:
     try:
         print(f"{server.base_url}/v1", flush=True)
         print(server.blackhole_url, flush=True)
+        if tls:
+            print(server.tls_url(), flush=True)
+            print(f"fault-server: TLS certificate to trust: {server.tls_cert}", file=sys.stderr)
         mode = f"proxying {server.upstream}" if server.upstream else "serving"
         print(f"fault-server: {mode}; Ctrl-C to stop; --list for faults", file=sys.stderr)
         await stop.wait()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from types import TracebackType
@@ -46,8 +47,19 @@ class ServerThread:
         max_hold: float = 30.0,
         *,
         upstream: str | None = None,
+        tls: bool = False,
+        record: str | os.PathLike[str] | None = None,
+        replay: str | os.PathLike[str] | None = None,
     ) -> None:
-        self._server = FaultServer(host=host, port=port, max_hold=max_hold, upstream=upstream)
+        self._server = FaultServer(
+            host=host,
+            port=port,
+            max_hold=max_hold,
+            upstream=upstream,
+            tls=tls,
+            record=record,
+            replay=replay,
+        )
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -146,6 +158,20 @@ class ServerThread:
     def blackhole_url(self) -> str:
         """``http://HOST:PORT2/v1`` of a listener that never accepts."""
         return self._server.blackhole_url
+
+    @property
+    def refused_url(self) -> str:
+        """``http://HOST:PORT3/v1`` of a port where nothing listens: connects are refused."""
+        return self._server.refused_url
+
+    @property
+    def tls_cert(self) -> str:
+        """As `FaultServer.tls_cert`."""
+        return self._server.tls_cert
+
+    def tls_url(self, fault: str | None = None, /, **params: ParamValue) -> str:
+        """As `FaultServer.tls_url`."""
+        return self._server.tls_url(fault, **params)
 
     def url(self, fault: str | None = None, /, **params: ParamValue) -> str:
         """As `FaultServer.url`."""
@@ -253,6 +279,9 @@ def running(
     max_hold: float = 30.0,
     *,
     upstream: str | None = None,
+    tls: bool = False,
+    record: str | os.PathLike[str] | None = None,
+    replay: str | os.PathLike[str] | None = None,
 ) -> Iterator[ServerThread]:
     """Run a `FaultServer` in a daemon thread for the duration of a ``with`` block.
 
@@ -260,7 +289,15 @@ def running(
         >>> with running(port=0) as srv:  # doctest: +SKIP
         ...     httpx.get(srv.url() + "/models")
     """
-    thread = ServerThread(host=host, port=port, max_hold=max_hold, upstream=upstream)
+    thread = ServerThread(
+        host=host,
+        port=port,
+        max_hold=max_hold,
+        upstream=upstream,
+        tls=tls,
+        record=record,
+        replay=replay,
+    )
     thread.start()
     try:
         yield thread

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ._buckets import Buckets
 from ._journal import Journal
 from ._mix import MixState
 from ._scenarios import Scenarios
@@ -23,9 +24,12 @@ class ServerState:
     scenarios: Scenarios = field(default_factory=Scenarios)
     mix: MixState = field(default_factory=MixState)
     upstream: Upstream | None = None
+    buckets: Buckets = field(default_factory=Buckets)
 
     def reset(self) -> None:
-        """Zero the counts, restart the sequences and the mix's draws, empty the journal."""
+        """Zero the counts, restart the sequences and the mix's draws, empty the journal,
+        refill the rate limits' buckets."""
         self.counters.reset()
         self.journal.clear()
         self.mix.set(self.mix.mix)
+        self.buckets.clear()
