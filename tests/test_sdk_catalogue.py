@@ -28,7 +28,7 @@ import stallproof
 import stallproof.anthropic
 import stallproof.openai
 
-from .conftest import KEY, MARGIN, stopwatch
+from .conftest import KEY, MARGIN, SentClock, sdk_pool_held
 from .messages_server import MessagesServer, running_messages_server
 
 pytestmark = pytest.mark.anyio
@@ -90,15 +90,6 @@ EXPECTED: dict[str, tuple[str, str]] = {
 }
 
 
-def held(client: Any) -> dict[str, int]:
-    """Queued requests and checked-out connections in the pool under an SDK client."""
-    pool = client._client._transport.engine.pool
-    return {
-        "requests": len(pool._requests),
-        "active": sum(1 for c in pool.connections if not c.is_idle() and not c.is_closed()),
-    }
-
-
 def openai_client(kind: str, base_url: str, **settings: Any) -> openai.AsyncOpenAI:
     settings.setdefault("timeout", BUDGET)
     settings.setdefault("limits", LIMITS)
@@ -138,20 +129,20 @@ async def test_openai_sdk_against_the_catalogue(
     client = openai_client(kind, url)
     extra: dict[str, Any] = {"tools": TOOLS} if fault in TOOL_FAULTS else {}
     outcome, limit = OK, BUDGET.total
+    clock = SentClock(client)
     async with client:
-        with stopwatch() as elapsed:
-            try:
-                r = await client.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}], stream=stream, **extra
-                )
-                if stream:
-                    async for _ in r:
-                        pass
-            except Exception as e:
-                outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
+        try:
+            r = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], stream=stream, **extra
+            )
+            if stream:
+                async for _ in r:
+                    pass
+        except Exception as e:
+            outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
         assert outcome == EXPECTED[fault][stream]
-        assert elapsed[0] <= limit + MARGIN
-        assert held(client) == {"requests": 0, "active": 0}
+        assert clock.elapsed() <= limit + MARGIN
+        assert sdk_pool_held(client) == {"requests": 0, "active": 0}
 
 
 # -- the anthropic SDK ------------------------------------------------------------------
@@ -188,7 +179,7 @@ async def anthropic_client() -> AsyncIterator[Any]:
 
     yield factory
     for client in clients:
-        assert held(client) == {"requests": 0, "active": 0}
+        assert sdk_pool_held(client) == {"requests": 0, "active": 0}
         await client.close()
 
 
@@ -211,10 +202,10 @@ async def test_anthropic_sdk_against_messages_faults(
 ) -> None:
     client = anthropic_client(messages_server.url(fault))
     outcome, limit = OK, BUDGET.total
-    with stopwatch() as elapsed:
-        try:
-            await ask_claude(client, stream=stream)
-        except Exception as e:
-            outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
+    clock = SentClock(client)
+    try:
+        await ask_claude(client, stream=stream)
+    except Exception as e:
+        outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
     assert outcome == ANTHROPIC_EXPECTED[fault][stream]
-    assert elapsed[0] <= limit + MARGIN
+    assert clock.elapsed() <= limit + MARGIN
