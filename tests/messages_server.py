@@ -11,6 +11,7 @@ The base URL for a fault is ``server.url(name)``; the SDK appends ``/v1/messages
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import socketserver
@@ -80,7 +81,9 @@ FAULTS = {
 
 def _head(ctype: str, length: int | None) -> bytes:
     framing = f"content-length: {length}\r\n" if length is not None else ""
-    return f"HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\n{framing}request-id: req_1\r\n\r\n".encode()
+    return (
+        f"HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\n{framing}request-id: req_1\r\n\r\n".encode()
+    )
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -99,8 +102,11 @@ class _Handler(socketserver.BaseRequestHandler):
         lines = head.decode("latin-1").split("\r\n")
         path = lines[0].split(" ")[1]
         length = next(
-            (int(v) for k, _, v in (h.partition(":") for h in lines[1:])
-             if k.strip().lower() == "content-length"),
+            (
+                int(v)
+                for k, _, v in (h.partition(":") for h in lines[1:])
+                if k.strip().lower() == "content-length"
+            ),
             0,
         )
         while len(body) < length:
@@ -110,10 +116,9 @@ class _Handler(socketserver.BaseRequestHandler):
             body += part
         fault = path.split("/")[2] if path.startswith("/fault/") else "healthy"
         stream = json.loads(body or b"{}").get("stream") is True
-        try:
+        # OSError: the client went away, which is what most faults are waiting for.
+        with contextlib.suppress(OSError):
             self._answer(sock, fault, stream)
-        except OSError:
-            pass  # the client went away: that is what most faults are waiting for
 
     def _hold(self) -> None:
         self.server.stopping.wait(HOLD)

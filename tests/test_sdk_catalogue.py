@@ -98,7 +98,10 @@ def openai_client(kind: str, base_url: str, **settings: Any) -> openai.AsyncOpen
         return stallproof.openai.AsyncOpenAI(api_key=KEY, base_url=base_url, **settings)
     # The legacy path: the stock SDK on the old httpx, with its own retries off.
     return openai.AsyncOpenAI(
-        api_key=KEY, base_url=base_url, max_retries=0, http_client=stallproof.http_client(**settings)
+        api_key=KEY,
+        base_url=base_url,
+        max_retries=0,
+        http_client=stallproof.http_client(**settings),
     )
 
 

@@ -111,9 +111,7 @@ async def test_a_per_call_timeout_is_the_calls_total(fault_server: Any) -> None:
         assert clock.elapsed() <= 0.25 + MARGIN
 
 
-async def test_the_engine_retries_and_the_sdk_does_not(
-    fault_server: Any, fault_key: str
-) -> None:
+async def test_the_engine_retries_and_the_sdk_does_not(fault_server: Any, fault_key: str) -> None:
     base = fault_server.url("status", code=503, first=2, key=fault_key)
     async with face(base, retry=FAST) as client:
         r = await ask(client)  # two 503s, then healthy: retried inside the engine

@@ -52,9 +52,7 @@ def map_timeout(value: object, base: Timeouts) -> Timeouts:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return Timeouts.coerce(value, base=base)
     if isinstance(value, (httpx2.Timeout, httpx.Timeout)):
-        phases = {
-            name: float(v) for name in _PHASES if (v := getattr(value, name)) is not None
-        }
+        phases = {name: float(v) for name in _PHASES if (v := getattr(value, name)) is not None}
         return base.replace(**phases) if phases else base
     if value is None or _not_given(value):
         return base
@@ -69,7 +67,7 @@ def _not_given(value: object) -> bool:
     return value is UNSET or type(value).__name__ in ("NotGiven", "Omit")
 
 
-def _retry_from(retry: Retry | None | Unset, max_retries: object) -> Retry | None | Unset:
+def _retry_from(retry: Retry | Unset | None, max_retries: object) -> Retry | Unset | None:
     if max_retries is UNSET or _not_given(max_retries):
         return retry
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
@@ -97,7 +95,7 @@ class Hardening:
 
     engine: Engine
     timeouts: Timeouts
-    retry: Retry | None | Unset = UNSET
+    retry: Retry | Unset | None = UNSET
 
     def call_options(self, per_call_timeout: object) -> CallOptions:
         """What one request tells the engine: this client's bounds, tightened per call."""
@@ -119,7 +117,7 @@ def harden(
     http_client: Any,
     *,
     timeout: object,
-    retry: Retry | None | Unset,
+    retry: Retry | Unset | None,
     max_retries: object,
     settings: dict[str, Any],
     engine: Engine | None,
@@ -141,8 +139,9 @@ def harden(
     if http_client is None:
         timeouts = map_timeout(timeout, engine.timeout if engine is not None else Timeouts())
         if engine is None:
-            engine_retry = {} if retry is UNSET else {"retry": retry}
-            engine = Engine(timeout=timeouts, **engine_retry, **settings)
+            if retry is not UNSET:
+                settings["retry"] = retry
+            engine = Engine(timeout=timeouts, **settings)
         hardening = Hardening(engine, timeouts, retry)
         client = httpx2.AsyncClient(
             transport=AsyncTransport2(engine),
