@@ -97,9 +97,14 @@ class Hardening:
     timeouts: Timeouts
     retry: Retry | Unset | None = UNSET
 
-    def call_options(self, per_call_timeout: object) -> CallOptions:
-        """What one request tells the engine: this client's bounds, tightened per call."""
-        return CallOptions(timeouts=map_timeout(per_call_timeout, self.timeouts), retry=self.retry)
+    def call_options(self, per_call_timeout: object, body: object) -> CallOptions:
+        """What one request tells the engine: this client's bounds, tightened per call,
+        and the JSON body the SDK is sending (so the engine need not parse it again)."""
+        return CallOptions(
+            timeouts=map_timeout(per_call_timeout, self.timeouts),
+            retry=self.retry,
+            body=body if isinstance(body, dict) else None,
+        )
 
     def sdk_timeout(self) -> httpx2.Timeout:
         """The bounds as the SDK's ``timeout``: its per-phase values match the engine's."""
@@ -196,7 +201,9 @@ class FaceMixin:
         request = super()._build_request(  # type: ignore[misc]
             options, retries_taken=retries_taken
         )
-        request.extensions["stallproof"] = self._stallproof.call_options(options.timeout)
+        request.extensions["stallproof"] = self._stallproof.call_options(
+            options.timeout, options.json_data
+        )
         return request
 
     def copy(self: _F, *, timeout: Any = UNSET, max_retries: Any = UNSET, **kwargs: Any) -> _F:
