@@ -212,3 +212,23 @@ async def test_anthropic_copies_share_the_engine_and_stream_helpers_work() -> No
                 text = await stream.get_final_text()
             assert text == "Hi"
             assert sdk_pool_held(client) == {"requests": 0, "active": 0}
+
+
+async def test_caller_cancellation_mid_stream_releases_everything(fault_server: Any) -> None:
+    url = fault_server.url("sse_stall", after=1, hold=20)
+    async with face(url, timeout=30, retry=None) as client:
+        with anyio.move_on_after(0.3) as scope:
+            async for _ in await ask(client, stream=True):
+                pass
+        assert scope.cancelled_caught
+        assert sdk_pool_held(client) == {"requests": 0, "active": 0}
+        assert client.inflight() == ()
+
+
+async def test_the_key_never_shows_in_the_error_or_its_cause(fault_server: Any) -> None:
+    async with face(fault_server.url("half_open", hold=20), retry=None) as client:
+        with pytest.raises(openai.APITimeoutError) as info:
+            await ask(client)
+        cause = info.value.__cause__
+        for text in (str(info.value), repr(info.value), str(cause), repr(cause), repr(client)):
+            assert KEY not in text
