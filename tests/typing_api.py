@@ -75,3 +75,25 @@ async def drop_in(client: stallproof.Client) -> None:
         del request
     await client.close()
     del content, created, ids, first
+
+
+async def sdk_face_code() -> None:
+    import openai
+    from openai.types.chat import ChatCompletion
+
+    import stallproof.anthropic
+    import stallproof.openai
+
+    client = stallproof.openai.AsyncOpenAI(
+        api_key="sk-...", timeout=stallproof.Timeouts(total=30), retry=stallproof.Retry()
+    )
+    fast: stallproof.openai.AsyncOpenAI = client.with_options(timeout=5, max_retries=1)
+    sdk: openai.AsyncOpenAI = fast  # still the SDK's own client
+    resp: ChatCompletion = await sdk.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}]
+    )
+    calls: tuple[stallproof.InflightCall, ...] = client.inflight()
+    engine: stallproof.Engine = client.engine
+    claude = stallproof.anthropic.AsyncAnthropic(api_key="k", timeout=30)
+    same: stallproof.Engine = claude.with_options(timeout=10).engine
+    del resp, calls, engine, same

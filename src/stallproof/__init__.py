@@ -2,7 +2,13 @@
 
 Every call is bounded in every phase (connect, read, write, pool wait, time to first token,
 stream idle) and by one total deadline that covers them all.
+
+The SDK faces, `stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAnthropic`,
+live in submodules that are imported on first use: ``import stallproof`` imports neither SDK.
 """
+
+import importlib
+from types import ModuleType
 
 from ._breaker import Breaker, CircuitState
 from ._client import Client
@@ -117,6 +123,16 @@ __all__ = [
     "UNSET",
     "WriteTimeout",
 ]
+
+_SDK_FACES = ("anthropic", "openai")
+
+
+def __getattr__(name: str) -> ModuleType:
+    # `stallproof.openai` works after a bare `import stallproof`, importing the SDK then.
+    if name in _SDK_FACES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 for _name in __all__:
     _obj = globals()[_name]

@@ -37,8 +37,11 @@ Each class is also the openai SDK's class for the same failure, so code written 
 |-------------------------------------|------------------------------------------------------|
 | `TimeoutException` (every bound)    | ``openai.APITimeoutError`` and builtin `TimeoutError` |
 | `TransportError`, `CircuitOpen`     | ``openai.APIConnectionError``                        |
+| `TruncatedResponse`, `ResponseTooLarge` | ``openai.APIConnectionError`` (*)              |
 | `ProtocolError`, `StreamErrorEvent` | ``openai.APIError``                                  |
 | `APIStatusError` and subclasses     | ``openai.APIStatusError`` and its class per status   |
+
+(*) As the SDK makes of a body cut off, or refused, on its own transport.
 
 Like openai's, they carry ``message``, ``request``, ``body`` (for a status error, the inner
 ``error`` object), ``code``, ``type``, ``param`` and, for status errors, ``response`` and
@@ -379,11 +382,11 @@ class MalformedResponse(ProtocolError):
         self.path = path
 
 
-class TruncatedResponse(ProtocolError):
+class TruncatedResponse(ProtocolError, openai.APIConnectionError):
     """The body or stream ended before it was complete."""
 
 
-class ResponseTooLarge(ProtocolError):
+class ResponseTooLarge(ProtocolError, openai.APIConnectionError):
     """A response or an SSE line passed its configured cap (see ``Limits``)."""
 
     def __init__(self, message: str, *, limit: int, **kwargs: Any) -> None:
