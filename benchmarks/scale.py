@@ -1,0 +1,160 @@
+"""Does the total deadline hold when thousands of calls stall at once?
+
+N calls start together on one event loop, each with ``Timeouts(total=1)``, against a
+black-hole server: a loopback socket that listens (backlog 4,096) and never accepts, so the
+kernel completes every TCP handshake, takes the request bytes and nothing ever answers. The
+server costs no CPU. With the default ``Limits`` (100 connections) the first 100 calls stall
+waiting for headers and the rest stall waiting for the pool; all of them must end with
+`TotalTimeout` one second after they started.
+
+For each call it records when it ended past its deadline (its *overshoot*) and reports
+p50/p99/max per backend and pool:
+
+- ``wire``: stallproof's own pool (`stallproof._pool.Wire`), the default;
+- ``httpcore2``: httpcore2's ``AsyncConnectionPool`` (pydantic's fork of httpcore) under the
+  same engine;
+- ``httpx``: a caller's plain ``httpx.AsyncClient`` (httpcore's pool) under the same engine.
+
+Every run is bounded: N calls, each ended by its own 1 s deadline, the whole run cut at
+``--budget`` seconds (calls still running then are counted as ``unfinished``).
+
+    PYTHONPATH=src python benchmarks/scale.py                     # N=100 and 2000, both backends
+    python benchmarks/scale.py --calls 2000 --backend trio --pool httpcore2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import socket
+import statistics
+import sys
+import time
+import warnings
+from collections import Counter
+from typing import Any
+
+import anyio
+import httpcore2
+import httpx
+
+import stallproof
+
+TOTAL = 1.0
+POOLS = ("wire", "httpcore2", "httpx")
+
+
+def black_hole() -> socket.socket:
+    """A listening loopback socket that never accepts: every request stalls for ever."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4096)
+    return sock
+
+
+def make_client(url: str, pool: str) -> stallproof.Client:
+    limits = stallproof.Limits()
+    kwargs: dict[str, Any] = {}
+    if pool == "httpx":
+        kwargs["http_client"] = httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=limits.max_connections,
+                max_keepalive_connections=limits.max_keepalive_connections,
+            )
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the http_client warning
+        client = stallproof.Client(
+            base_url=url, api_key="sk-bench", timeout=stallproof.Timeouts(total=TOTAL), retry=None, **kwargs
+        )
+    if pool == "httpcore2":
+        client._engine.pool = httpcore2.AsyncConnectionPool(
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+        )
+    return client
+
+
+async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
+    client = make_client(url, pool)
+    overshoot: list[float] = []
+    outcomes: Counter[str] = Counter()
+
+    async def one() -> None:
+        start = time.monotonic()
+        try:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "stall"}]
+            )
+            outcomes["answered"] += 1
+        except stallproof.StallproofError as e:
+            outcomes[type(e).__name__] += 1
+        except Exception as e:  # an untyped error is a finding: count it by name
+            outcomes[f"untyped {type(e).__name__}"] += 1
+        overshoot.append(time.monotonic() - start - TOTAL)
+
+    gc.collect()
+    started = time.monotonic()
+    with anyio.move_on_after(budget):
+        async with anyio.create_task_group() as tg:
+            for _ in range(calls):
+                tg.start_soon(one)
+    wall = time.monotonic() - started
+    unfinished = calls - len(overshoot)
+    with anyio.move_on_after(10):
+        await client.aclose()
+        http = getattr(client._engine.pool, "_client", None)
+        if http is not None:
+            await http.aclose()
+    return {"overshoot": overshoot, "outcomes": outcomes, "wall": wall, "unfinished": unfinished}
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, action="append", help="N (repeatable; default 100 and 2000)")
+    parser.add_argument("--backend", choices=("asyncio", "trio"), action="append")
+    parser.add_argument("--pool", choices=POOLS, action="append", help="default: wire")
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds per run at most")
+    args = parser.parse_args()
+    sizes = args.calls or [100, 2000]
+    backends = args.backend or ["asyncio", "trio"]
+    pools = args.pool or ["wire"]
+    if any(n < 1 or n > 20_000 for n in sizes):
+        parser.error("--calls must be 1..20000")
+    sock = black_hole()
+    host, port = sock.getsockname()
+    url = f"http://{host}:{port}/v1"
+    print(f"black-hole server {url}; total={TOTAL} s per call; python {sys.version.split()[0]}")
+    header = f"{'pool':>10} {'backend':>8} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'wall s':>7}  outcomes"
+    print(header)
+    print("-" * len(header))
+    try:
+        for pool in pools:
+            for backend in backends:
+                for n in sizes:
+                    r = anyio.run(run, url, pool, n, args.budget, backend=backend)
+                    o = r["overshoot"]
+                    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
+                    if r["unfinished"]:
+                        outcomes += f", unfinished {r['unfinished']}"
+                    print(
+                        f"{pool:>10} {backend:>8} {n:>6} {statistics.median(o) * 1000 if o else math.nan:>8.1f}"
+                        f" {pct(o, 0.99) * 1000:>8.1f} {max(o, default=math.nan) * 1000:>8.1f}"
+                        f" {r['wall']:>7.1f}  {outcomes}",
+                        flush=True,
+                    )
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    main()
