@@ -40,6 +40,7 @@ import httpcore2
 import httpx
 
 import stallproof
+from stallproof._pool import WireStats
 
 TOTAL = 1.0
 POOLS = ("wire", "httpcore2", "httpx")
@@ -69,12 +70,30 @@ def make_client(url: str, pool: str) -> stallproof.Client:
             base_url=url, api_key="sk-bench", timeout=stallproof.Timeouts(total=TOTAL), retry=None, **kwargs
         )
     if pool == "httpcore2":
-        client._engine.pool = httpcore2.AsyncConnectionPool(
+        client._engine.pool = Httpcore2Pool(limits)
+    return client
+
+
+class Httpcore2Pool:
+    """httpcore2's own pool, with the engine's `Pool` interface."""
+
+    def __init__(self, limits: stallproof.Limits) -> None:
+        self._pool = httpcore2.AsyncConnectionPool(
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
         )
-    return client
+
+    async def send(self, request: httpcore2.Request) -> httpcore2.Response:
+        return await self._pool.handle_async_request(request)
+
+    def stats(self) -> WireStats:
+        queued = [r.is_queued() for r in self._pool._requests]
+        conns = self._pool.connections
+        return WireStats(len(conns), sum(c.is_idle() for c in conns), queued.count(False), queued.count(True))
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
 
 
 async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
@@ -96,19 +115,27 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
         overshoot.append(time.monotonic() - start - TOTAL)
 
     gc.collect()
+    cpu = time.process_time()
     started = time.monotonic()
     with anyio.move_on_after(budget):
         async with anyio.create_task_group() as tg:
             for _ in range(calls):
                 tg.start_soon(one)
     wall = time.monotonic() - started
+    cpu = time.process_time() - cpu
     unfinished = calls - len(overshoot)
     with anyio.move_on_after(10):
         await client.aclose()
         http = getattr(client._engine.pool, "_client", None)
         if http is not None:
             await http.aclose()
-    return {"overshoot": overshoot, "outcomes": outcomes, "wall": wall, "unfinished": unfinished}
+    return {
+        "overshoot": overshoot,
+        "outcomes": outcomes,
+        "wall": wall,
+        "cpu": cpu,
+        "unfinished": unfinished,
+    }
 
 
 def pct(values: list[float], q: float) -> float:
@@ -134,7 +161,7 @@ def main() -> None:
     host, port = sock.getsockname()
     url = f"http://{host}:{port}/v1"
     print(f"black-hole server {url}; total={TOTAL} s per call; python {sys.version.split()[0]}")
-    header = f"{'pool':>10} {'backend':>8} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'wall s':>7}  outcomes"
+    header = f"{'pool':>10} {'backend':>8} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'wall s':>7} {'cpu s':>6}  outcomes"
     print(header)
     print("-" * len(header))
     try:
@@ -149,7 +176,7 @@ def main() -> None:
                     print(
                         f"{pool:>10} {backend:>8} {n:>6} {statistics.median(o) * 1000 if o else math.nan:>8.1f}"
                         f" {pct(o, 0.99) * 1000:>8.1f} {max(o, default=math.nan) * 1000:>8.1f}"
-                        f" {r['wall']:>7.1f}  {outcomes}",
+                        f" {r['wall']:>7.1f} {r['cpu']:>6.2f}  {outcomes}",
                         flush=True,
                     )
     finally:
