@@ -28,7 +28,6 @@ import argparse
 import gc
 import math
 import socket
-import statistics
 import sys
 import time
 import warnings
@@ -67,7 +66,11 @@ def make_client(url: str, pool: str) -> stallproof.Client:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the http_client warning
         client = stallproof.Client(
-            base_url=url, api_key="sk-bench", timeout=stallproof.Timeouts(total=TOTAL), retry=None, **kwargs
+            base_url=url,
+            api_key="sk-bench",
+            timeout=stallproof.Timeouts(total=TOTAL),
+            retry=None,
+            **kwargs,
         )
     if pool == "httpcore2":
         client._engine.pool = Httpcore2Pool(limits)
@@ -90,7 +93,9 @@ class Httpcore2Pool:
     def stats(self) -> WireStats:
         queued = [r.is_queued() for r in self._pool._requests]
         conns = self._pool.connections
-        return WireStats(len(conns), sum(c.is_idle() for c in conns), queued.count(False), queued.count(True))
+        return WireStats(
+            len(conns), sum(c.is_idle() for c in conns), queued.count(False), queued.count(True)
+        )
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -101,8 +106,11 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
     overshoot: list[float] = []
     outcomes: Counter[str] = Counter()
 
+    starts: list[float] = []
+
     async def one() -> None:
         start = time.monotonic()
+        starts.append(start)
         try:
             await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "stall"}]
@@ -134,6 +142,7 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
         "outcomes": outcomes,
         "wall": wall,
         "cpu": cpu,
+        "spread": max(starts) - min(starts) if starts else math.nan,
         "unfinished": unfinished,
     }
 
@@ -147,7 +156,9 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, action="append", help="N (repeatable; default 100 and 2000)")
+    parser.add_argument(
+        "--calls", type=int, action="append", help="N (repeatable; default 100 and 2000)"
+    )
     parser.add_argument("--backend", choices=("asyncio", "trio"), action="append")
     parser.add_argument("--pool", choices=POOLS, action="append", help="default: wire")
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per run at most")
@@ -161,9 +172,8 @@ def main() -> None:
     host, port = sock.getsockname()
     url = f"http://{host}:{port}/v1"
     print(f"black-hole server {url}; total={TOTAL} s per call; python {sys.version.split()[0]}")
-    header = f"{'pool':>10} {'backend':>8} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'wall s':>7} {'cpu s':>6}  outcomes"
-    print(header)
-    print("-" * len(header))
+    columns = ("pool", "backend", "calls", "p50 ms", "p99 ms", "max ms", "start s", "cpu s")
+    print(" ".join(f"{c:>8}" for c in columns) + "  outcomes")
     try:
         for pool in pools:
             for backend in backends:
@@ -173,12 +183,15 @@ def main() -> None:
                     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
                     if r["unfinished"]:
                         outcomes += f", unfinished {r['unfinished']}"
-                    print(
-                        f"{pool:>10} {backend:>8} {n:>6} {statistics.median(o) * 1000 if o else math.nan:>8.1f}"
-                        f" {pct(o, 0.99) * 1000:>8.1f} {max(o, default=math.nan) * 1000:>8.1f}"
-                        f" {r['wall']:>7.1f} {r['cpu']:>6.2f}  {outcomes}",
-                        flush=True,
-                    )
+                    cells = [
+                        f"{pool:>8}",
+                        f"{backend:>8}",
+                        f"{n:>8}",
+                        *(f"{v * 1000:>8.1f}" for v in (pct(o, 0.5), pct(o, 0.99), pct(o, 1.0))),
+                        f"{r['spread']:>8.2f}",
+                        f"{r['cpu']:>8.2f}",
+                    ]
+                    print(" ".join(cells) + f"  {outcomes}", flush=True)
     finally:
         sock.close()
 

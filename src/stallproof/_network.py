@@ -27,7 +27,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import anyio
@@ -165,10 +165,9 @@ class Network(httpcore2.AsyncNetworkBackend):
                 lookup.addresses = list(self._resolver(*key))
             except Exception as e:
                 lookup.error = e
-            try:
+            # If the loop has ended there is nobody left to tell.
+            with suppress(Exception):
                 anyio.from_thread.run_sync(finish, token=token)
-            except Exception:  # noqa: S110 - the loop has ended: nothing left to tell
-                pass
 
         thread = threading.Thread(target=work, name=f"stallproof DNS {key[0]}", daemon=True)
         try:

@@ -4,7 +4,7 @@ A small HTTP/1.1 pool over httpcore2's connections (`httpcore2.AsyncHTTPConnecti
 connects, does TLS and speaks h11 through our `Network` backend). Why not httpcore2's own
 ``AsyncConnectionPool`` is measured in docs/pool.md; in short, every arrival, cancellation and
 release there rebuilds the set of every queued request's connection (O(queue)), so 2,000
-calls cancelled together cost 2,000 × 2,000 steps on the loop, and trio's p99 overshoot at
+calls cancelled together cost 2,000 x 2,000 steps on the loop, and trio's p99 overshoot at
 2,000 stalled calls was 159 ms against our 100 ms goal.
 
 The pool's state is three counts and two ordered dicts, and every change to it is made
@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
-from contextlib import aclosing
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 
 import anyio
 import httpcore2
@@ -164,7 +163,7 @@ class Wire:
         return httpcore2.Response(
             status=response.status,
             headers=response.headers,
-            content=_Body(stream, self, conn),
+            content=_Body(stream, self, conn, _key(origin)),
             extensions=response.extensions,
         )
 
@@ -228,23 +227,29 @@ class Wire:
         except BaseException as e:
             if waiter.granted is not None:
                 # Granted as we were leaving: the connection goes on to the next waiter.
-                await self._checkin(waiter.granted)
+                await self._checkin(waiter.granted, _key(origin))
             else:
                 del self._waiting[waiter]
             if isinstance(e, TimeoutError):
                 raise httpcore2.PoolTimeout(f"no connection free within {timeout} s") from None
             raise
-        assert waiter.granted is not None  # noqa: S101 - set together with ready
-        return waiter.granted
+        granted = waiter.granted
+        if granted is None:  # pragma: no cover - ready is set only with a connection
+            raise RuntimeError("the pool woke a waiter without a connection")
+        return granted
 
-    def _grant(self, conn: httpcore2.AsyncHTTPConnection | None, origin: httpcore2.Origin | None,
-               closing: list[httpcore2.AsyncHTTPConnection]) -> bool:
+    def _grant(
+        self,
+        conn: httpcore2.AsyncHTTPConnection | None,
+        key: _Key | None,
+        closing: list[httpcore2.AsyncHTTPConnection],
+    ) -> bool:
         """Give a freed slot (with ``conn``, idle, or empty) to the first waiter, if any."""
         if not self._waiting:
             return False
         waiter = next(iter(self._waiting))
         del self._waiting[waiter]
-        if conn is not None and origin == waiter.origin:
+        if conn is not None and key == _key(waiter.origin):
             waiter.granted = conn  # still counted in _busy: it changes hands
         else:
             if conn is not None:
@@ -255,20 +260,18 @@ class Wire:
         waiter.ready.set()
         return True
 
-    async def _checkin(self, conn: httpcore2.AsyncHTTPConnection) -> None:
-        """A caller is done with ``conn``: reuse it if it is idle and healthy, else close it."""
+    async def _checkin(self, conn: httpcore2.AsyncHTTPConnection, key: _Key) -> None:
+        """A caller is done with ``conn`` (of origin ``key``): reuse it if idle, else close it."""
         if not conn.is_idle() or conn.is_closed():
             await self._discard(conn)
             return
         closing: list[httpcore2.AsyncHTTPConnection] = []
-        origin = conn._origin  # noqa: SLF001 - httpcore2 keeps no public accessor
-        if not self._grant(conn, origin, closing):
+        if not self._grant(conn, key, closing):
             self._busy.discard(conn)
             if len(self._idle_order) >= self._max_idle:
                 closing.append(conn)
                 self._open -= 1
             else:
-                key = _key(origin)
                 self._idle.setdefault(key, {})[conn] = None
                 self._idle_order[conn] = key
         await _close(closing)
@@ -287,18 +290,28 @@ class _Body:
     """A response body that gives its connection back to the pool when it is closed."""
 
     def __init__(
-        self, stream: AsyncIterable[bytes], wire: Wire, conn: httpcore2.AsyncHTTPConnection
+        self,
+        stream: AsyncIterable[bytes],
+        wire: Wire,
+        conn: httpcore2.AsyncHTTPConnection,
+        key: _Key,
     ) -> None:
         self._stream = stream
         self._wire = wire
         self._conn = conn
+        self._key = key
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        # Close the connection's own generator with ours, not whenever the GC finds it.
-        async with aclosing(self._stream.__aiter__()) as parts:  # type: ignore[type-var]
+        parts = self._stream.__aiter__()
+        try:
             async for chunk in parts:
                 yield chunk
+        finally:
+            # Close the connection's own generator with ours, not whenever the GC finds it.
+            if isinstance(parts, AsyncGenerator):
+                with anyio.CancelScope(shield=True):
+                    await parts.aclose()
 
     async def aclose(self) -> None:
         if self._closed:
@@ -311,7 +324,7 @@ class _Body:
                     with anyio.move_on_after(_CLOSE_BOUND):
                         await aclose()
             finally:
-                await self._wire._checkin(self._conn)  # noqa: SLF001 - the release duty
+                await self._wire._checkin(self._conn, self._key)
 
 
 async def _close(conns: list[httpcore2.AsyncHTTPConnection]) -> None:
@@ -320,7 +333,8 @@ async def _close(conns: list[httpcore2.AsyncHTTPConnection]) -> None:
         return
     with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BOUND):
         for conn in conns:
-            await conn.aclose()
+            if not conn.is_closed():  # each close is a checkpoint: skip the closed ones
+                await conn.aclose()
 
 
 def open_pool(limits: Limits, *, trust_env: bool = True) -> Wire:
