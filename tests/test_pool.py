@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -105,6 +106,43 @@ async def test_bursts_of_timeouts_leave_no_dead_slot(fault_server: Any) -> None:
             r = await client.post(fault_server.url() + "/chat/completions", json=BODY)
         assert r.status_code == 200
         assert t[0] < 1.0
+        assert pool.stats().nothing_held
+
+
+async def test_random_cancellations_across_two_origins_leave_the_pool_whole(
+    fault_server: Any,
+) -> None:
+    """200 calls over 4 connections (20 started every 5 ms), half to ``127.0.0.1`` and
+    half to ``localhost`` (two origins, so freed slots change origin), each cancelled by the
+    caller after a random 0-250 ms: in the queue, connecting, sending, waiting for headers
+    or reading; some finish, and their connections are reused or handed over. Afterwards
+    nothing is held, every open connection is idle, and both origins answer."""
+    rng = random.Random(15)
+    client, pool = engine_client(
+        limits=stallproof.Limits(max_connections=4, max_keepalive_connections=2)
+    )
+    port = fault_server.url().split(":")[2].split("/")[0]
+    paths = [f"http://{host}:{port}/v1/chat/completions" for host in ("127.0.0.1", "localhost")]
+    slow = [p.replace("/v1/", "/fault/healthy;delay=0.02/v1/") for p in paths]
+    async with client:
+
+        async def one(i: int) -> None:
+            with anyio.move_on_after(rng.uniform(0, 0.25)):
+                await client.post((paths if i % 3 else slow)[i % 2], json=BODY)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(200):
+                tg.start_soon(one, i)
+                if i % 20 == 19:
+                    await anyio.sleep(0.005)
+        stats = pool.stats()
+        assert stats.nothing_held, stats
+        assert stats.connections == stats.idle <= 2, stats
+        for url in paths:
+            with stopwatch() as t:
+                r = await client.post(url, json=BODY)
+            assert r.status_code == 200
+            assert t[0] < 1.0
         assert pool.stats().nothing_held
 
 

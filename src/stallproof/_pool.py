@@ -147,14 +147,15 @@ class Wire:
         origin = request.url.origin
         closing: list[httpcore2.AsyncHTTPConnection] = []
         conn = self._checkout(origin, closing)
-        await _close(closing)
-        if conn is None:
-            timeout = request.extensions.get("timeout", {}).get("pool")
-            conn = await self._wait(origin, timeout)
         try:
+            await _close(closing)
+            if conn is None:  # _wait gives back what it was granted if it fails
+                timeout = request.extensions.get("timeout", {}).get("pool")
+                conn = await self._wait(origin, timeout)
             response = await conn.handle_async_request(request)
         except BaseException:
-            await self._discard(conn)
+            if conn is not None:
+                await self._discard(conn)
             raise
         stream = response.stream
         if not isinstance(stream, AsyncIterable):  # pragma: no cover - httpcore2 is async
