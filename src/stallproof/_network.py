@@ -72,10 +72,11 @@ def _connect_errors(timeout: float | None) -> Iterator[None]:
 class _Lookup:
     """One lookup in flight: its answer, and the event its waiters wait on."""
 
-    __slots__ = ("addresses", "done", "error")
+    __slots__ = ("abandoned", "addresses", "done", "error")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
+        self.abandoned = False
         self.addresses: Sequence[tuple[int, str]] = ()
         self.error: BaseException | None = None
 
@@ -129,18 +130,21 @@ class Network(httpcore2.AsyncNetworkBackend):
             family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
             return [(int(family), ip.compressed)]
         key = (host, port)
-        lookup = self._lookups.get(key)
-        if lookup is None:
-            lookup = self._lookups[key] = _Lookup()
-            try:
-                await self._start(key, lookup)
-            except BaseException:
-                del self._lookups[key]
-                # Anyone who joined meanwhile gets an error, not a wait for ever.
-                lookup.error = OSError(f"lookup of {host!r} was cancelled before it started")
-                lookup.done.set()
-                raise
-        await lookup.done.wait()
+        while True:
+            lookup = self._lookups.get(key)
+            if lookup is None:
+                lookup = self._lookups[key] = _Lookup()
+                try:
+                    await self._start(key, lookup)
+                except BaseException:
+                    # Cancelled waiting for a token: whoever joined meanwhile starts anew.
+                    del self._lookups[key]
+                    lookup.abandoned = True
+                    lookup.done.set()
+                    raise
+            await lookup.done.wait()
+            if not lookup.abandoned:
+                break
         if lookup.error is not None:
             raise lookup.error
         if not lookup.addresses:
