@@ -2,7 +2,7 @@
 
 `Client(http_client=...)` keeps working for callers who configured proxies, certificates
 or event hooks on an httpx client. The engine drives it through the same interface as its
-own pool (``handle_async_request`` on httpcore2 requests), so every bound still holds; but
+own pool (``send`` and ``stats``, on httpcore2 requests), so every bound still holds; but
 that client's pool is httpcore's, whose bookkeeping cancellation can leave with dead slots
 (encode/httpcore#830, #1093). A warning says so, once per process.
 """
