@@ -20,6 +20,8 @@ Every run is bounded: N calls, each ended by its own 1 s deadline, the whole run
 
     PYTHONPATH=src python benchmarks/scale.py                     # N=100 and 2000, both backends
     python benchmarks/scale.py --calls 2000 --backend trio --pool httpcore2
+    python benchmarks/scale.py --pool wire --pool httpcore2 --backend asyncio \\
+        --calls 500 --calls 1000 --calls 2000 --bookkeeping   # CPU per bookkeeping pass
 """
 
 from __future__ import annotations
@@ -101,6 +103,43 @@ class Httpcore2Pool:
         await self._pool.aclose()
 
 
+class Bookkeeping:
+    """CPU time (this thread's) spent in the pools' bookkeeping, with ``--bookkeeping``.
+
+    httpcore2: ``_assign_requests_to_connections``, run on every arrival, cancellation and
+    release. `Wire`: ``_checkout`` (arrival) and ``_grant`` (departure), its only passes.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.passes = 0
+
+    def wrap(self, owner: type, name: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.thread_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.thread_time() - t
+                self.passes += 1
+
+        setattr(owner, name, timed)
+
+    def install(self) -> None:
+        from httpcore2._async.connection_pool import AsyncConnectionPool
+
+        from stallproof._pool import Wire
+
+        self.wrap(AsyncConnectionPool, "_assign_requests_to_connections")
+        self.wrap(Wire, "_checkout")
+        self.wrap(Wire, "_grant")
+
+
+BOOKKEEPING = Bookkeeping()
+
+
 async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
     client = make_client(url, pool)
     overshoot: list[float] = []
@@ -123,6 +162,7 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
         overshoot.append(time.monotonic() - start - TOTAL)
 
     gc.collect()
+    BOOKKEEPING.seconds, BOOKKEEPING.passes = 0.0, 0
     cpu = time.process_time()
     started = time.monotonic()
     with anyio.move_on_after(budget):
@@ -144,6 +184,7 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
         "cpu": cpu,
         "spread": max(starts) - min(starts) if starts else math.nan,
         "unfinished": unfinished,
+        "bookkeeping": (BOOKKEEPING.seconds, BOOKKEEPING.passes),
     }
 
 
@@ -162,6 +203,9 @@ def main() -> None:
     parser.add_argument("--backend", choices=("asyncio", "trio"), action="append")
     parser.add_argument("--pool", choices=POOLS, action="append", help="default: wire")
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per run at most")
+    parser.add_argument(
+        "--bookkeeping", action="store_true", help="also time the pools' bookkeeping passes"
+    )
     args = parser.parse_args()
     sizes = args.calls or [100, 2000]
     backends = args.backend or ["asyncio", "trio"]
@@ -172,6 +216,8 @@ def main() -> None:
     host, port = sock.getsockname()
     url = f"http://{host}:{port}/v1"
     print(f"black-hole server {url}; total={TOTAL} s per call; python {sys.version.split()[0]}")
+    if args.bookkeeping:
+        BOOKKEEPING.install()
     columns = ("pool", "backend", "calls", "p50 ms", "p99 ms", "max ms", "start s", "cpu s")
     print(" ".join(f"{c:>8}" for c in columns) + "  outcomes")
     try:
@@ -191,6 +237,12 @@ def main() -> None:
                         f"{r['spread']:>8.2f}",
                         f"{r['cpu']:>8.2f}",
                     ]
+                    if args.bookkeeping:
+                        seconds, passes = r["bookkeeping"]
+                        outcomes += (
+                            f"; bookkeeping {seconds * 1000:.1f} ms CPU in {passes} passes"
+                            f" ({seconds / max(passes, 1) * 1e6:.1f} us each)"
+                        )
                     print(" ".join(cells) + f"  {outcomes}", flush=True)
     finally:
         sock.close()
