@@ -146,6 +146,31 @@ async def test_random_cancellations_across_two_origins_leave_the_pool_whole(
         assert pool.stats().nothing_held
 
 
+async def test_idle_connections_are_capped_and_reused(fault_server: Any) -> None:
+    """6 answered calls at once keep at most ``max_keepalive_connections`` idle; the next
+    calls reuse them (the server sees no new connection) instead of opening more."""
+    client, pool = engine_client(
+        limits=stallproof.Limits(max_connections=6, max_keepalive_connections=2)
+    )
+    url = fault_server.url("healthy", delay=0.05) + "/chat/completions"
+    async with client:
+
+        async def one() -> None:
+            assert (await client.post(url, json=BODY)).status_code == 200
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(one)
+        stats = pool.stats()
+        assert (stats.connections, stats.idle, stats.in_use) == (2, 2, 0), stats
+        before = fault_server.stats().connections_accepted
+        for _ in range(3):
+            r = await client.post(url, json=BODY)
+            assert r.status_code == 200
+        assert fault_server.stats().connections_accepted == before
+        assert pool.stats() == stats
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_httpcore_bricks_under_the_same_burst(fault_server: Any) -> None:
     """Evidence for the test above: httpcore's own pool (plain httpx, asyncio) is left with
