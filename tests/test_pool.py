@@ -12,6 +12,7 @@ Every test runs over real loopback sockets, on asyncio and trio:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import random
@@ -408,6 +409,47 @@ async def test_hung_lookups_do_not_starve_a_later_call(fault_server: Any) -> Non
         await client.aclose()
         await engine.aclose()
         dns.close()
+
+
+async def test_a_name_whose_first_address_black_holes_connects_to_the_next(
+    fault_server: Any,
+) -> None:
+    """A name resolving to a black-holed address first (127.0.0.2, a listener whose accept
+    queue is full, so the kernel drops further SYNs) and to the healthy server second:
+    the call answers within ~250 ms (the next attempt starts then), not after the connect
+    bound. (Resolving names ourselves, we also connect to their addresses ourselves.)"""
+    port = int(fault_server.url().split(":")[2].split("/")[0])
+    hole = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    hole.bind(("127.0.0.2", port))
+    hole.listen(0)
+    fillers = []
+    for _ in range(3):  # fill the accept queue: the next SYN gets no answer
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.2", port))
+        fillers.append(s)
+
+    def resolve(host: str, port: int) -> list[tuple[int, str]]:
+        return [(socket.AF_INET, "127.0.0.2"), (socket.AF_INET, "127.0.0.1")]
+
+    wire = Wire(stallproof.Limits(), network=Network(resolver=resolve))
+    engine = stallproof.Engine(
+        timeout=stallproof.Timeouts(connect=5, total=10), retry=None, pool=wire
+    )
+    client = httpx.AsyncClient(transport=stallproof.AsyncTransport(engine=engine))
+    try:
+        with stopwatch() as t:
+            r = await client.post(f"http://two.test:{port}/v1/chat/completions", json=BODY)
+        assert r.status_code == 200
+        assert 0.25 <= t[0] < 0.25 + MARGIN + 0.2
+        assert wire.stats().connections == 1
+    finally:
+        await client.aclose()
+        await engine.aclose()
+        for s in fillers:
+            s.close()
+        hole.close()
 
 
 async def test_lookups_of_one_name_share_one_thread() -> None:

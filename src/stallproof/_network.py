@@ -11,7 +11,7 @@ httpcore2's anyio backend, with two holes closed:
   its connect bound; a lookup that never returns keeps its token (so hung lookups stay
   bounded in number) but holds up nobody and nothing at shutdown. Concurrent lookups of the
   same name share one thread. Connections then go to the resolved addresses, which anyio
-  connects without resolving again.
+  connects without resolving again, staggered as anyio does for a name (happy eyeballs).
 - **TLS.** httpcore's ``start_tls`` closes the TCP stream only when the handshake raises an
   ``Exception``; a cancellation (a deadline) left the socket open until the garbage
   collector found it. Here any exit but success closes it at once (``aclose_forcefully``).
@@ -40,6 +40,9 @@ from httpcore2._backends.anyio import AnyIOStream
 from ._exceptions import InvalidRequestError
 
 __all__ = ["Network", "Resolver", "system_resolver"]
+
+# How long one connection attempt runs alone before the next address is tried alongside.
+_HAPPY_EYEBALLS_DELAY = 0.25
 
 Resolver = Callable[[str, int], Sequence[tuple[int, str]]]
 """A blocking name lookup: ``(host, port) -> [(socket family, IP address), ...]``."""
@@ -96,6 +99,46 @@ class _TLSClosingStream(AnyIOStream):
             # Cancelled mid-handshake: close now, not when the GC finds the socket.
             await anyio.aclose_forcefully(self._stream)
             raise
+
+
+async def _connect_first(
+    addresses: Sequence[tuple[int, str]], port: int, local_address: str | None
+) -> anyio.abc.SocketStream:
+    """Connect to the first address that answers (RFC 8305's "happy eyeballs", as anyio does
+    for names): the next attempt starts when the one before fails or after 250 ms, and the
+    first to connect wins; the others are cancelled or closed."""
+    winner: anyio.abc.SocketStream | None = None
+    failures: list[OSError] = []
+
+    async def attempt(address: str, finished: anyio.Event) -> None:
+        nonlocal winner
+        try:
+            stream = await anyio.connect_tcp(address, port, local_host=local_address)
+        except OSError as e:
+            failures.append(e)
+            return
+        finally:
+            finished.set()
+        if winner is None:
+            winner = stream
+            tg.cancel_scope.cancel()
+        else:
+            await anyio.aclose_forcefully(stream)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for _, address in addresses:
+                finished = anyio.Event()
+                tg.start_soon(attempt, address, finished)
+                with anyio.move_on_after(_HAPPY_EYEBALLS_DELAY):
+                    await finished.wait()
+    except BaseException:
+        if winner is not None:
+            await anyio.aclose_forcefully(winner)
+        raise
+    if winner is None:
+        raise failures[-1] if failures else OSError("no address to connect to")
+    return winner
 
 
 class Network(httpcore2.AsyncNetworkBackend):
@@ -190,21 +233,14 @@ class Network(httpcore2.AsyncNetworkBackend):
     ) -> httpcore2.AsyncNetworkStream:
         with _connect_errors(timeout):
             addresses = await self.resolve(host, port)
-            failures: list[OSError] = []
-            for _, address in addresses:
-                try:
-                    stream = await anyio.connect_tcp(address, port, local_host=local_address)
-                except OSError as e:
-                    failures.append(e)
-                    continue
-                try:
-                    for option in socket_options or ():
-                        stream.extra(anyio.abc.SocketAttribute.raw_socket).setsockopt(*option)
-                except BaseException:
-                    await anyio.aclose_forcefully(stream)
-                    raise
-                return _TLSClosingStream(stream)
-            raise failures[-1]
+            stream = await _connect_first(addresses, port, local_address)
+            try:
+                for option in socket_options or ():
+                    stream.extra(anyio.abc.SocketAttribute.raw_socket).setsockopt(*option)
+            except BaseException:
+                await anyio.aclose_forcefully(stream)
+                raise
+            return _TLSClosingStream(stream)
         raise AssertionError("unreachable")  # pragma: no cover - _connect_errors re-raises
 
     async def connect_unix_socket(
