@@ -3,9 +3,8 @@
 A small HTTP/1.1 pool over httpcore2's connections (`httpcore2.AsyncHTTPConnection`, which
 connects, does TLS and speaks h11 through our `Network` backend). Why not httpcore2's own
 ``AsyncConnectionPool`` is measured in docs/pool.md; in short, every arrival, cancellation and
-release there rebuilds the set of every queued request's connection (O(queue)), so 2,000
-calls cancelled together cost 2,000 x 2,000 steps on the loop, and trio's p99 overshoot at
-2,000 stalled calls was 159 ms against our 100 ms goal.
+release there rebuilds the set of every queued request's connection: at 2,000 queued calls
+each pass costs ~90 us of CPU and grows with the queue, where ours cost 3-5 us at any size.
 
 The pool's state is three counts and two ordered dicts, and every change to it is made
 without awaiting (I/O — closing a socket — comes after):
