@@ -6,13 +6,13 @@ connects, does TLS and speaks h11 through our `Network` backend). Why not httpco
 release there rebuilds the set of every queued request's connection: at 2,000 queued calls
 each pass costs ~90 us of CPU and grows with the queue, where ours cost 3-5 us at any size.
 
-The pool's state is three counts and two ordered dicts, and every change to it is made
-without awaiting (I/O — closing a socket — comes after):
+The pool's state is a count, a set and insertion-ordered dicts, and every change to it is
+made without awaiting (I/O — closing a socket — comes after):
 
 - ``_idle``: per origin, the idle connections (most recent last); ``_idle_order`` the same
   connections oldest first, for eviction when a new origin needs a slot;
 - ``_waiting``: callers waiting for a slot, first come first served (dict: O(1) removal);
-- ``_open``: connections open or opening; ``_in_use``: connections handed to a caller.
+- ``_open``: connections open or opening; ``_busy``: connections handed to a caller.
 
 Each connection has exactly one owner at a time — the pool (idle), one caller (in use), or
 a waiter it was just granted to — and every exit path of the owner gives it back:
