@@ -140,6 +140,32 @@ class Bookkeeping:
 BOOKKEEPING = Bookkeeping()
 
 
+class GCPauses:
+    """How long the garbage collector stopped the loop during a run (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.longest = 0.0
+        self.full = 0  # generation-2 collections
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def reset(self) -> None:
+        self.total, self.longest, self.full = 0.0, 0.0, 0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._started
+        self.total += pause
+        self.longest = max(self.longest, pause)
+        self.full += info["generation"] == 2
+
+
+GC = GCPauses()
+
+
 async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
     client = make_client(url, pool)
     overshoot: list[float] = []
@@ -162,6 +188,7 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
         overshoot.append(time.monotonic() - start - TOTAL)
 
     gc.collect()
+    GC.reset()
     BOOKKEEPING.seconds, BOOKKEEPING.passes = 0.0, 0
     cpu = time.process_time()
     started = time.monotonic()
@@ -171,6 +198,7 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
                 tg.start_soon(one)
     wall = time.monotonic() - started
     cpu = time.process_time() - cpu
+    gc_pauses = (GC.total, GC.longest, GC.full)
     unfinished = calls - len(overshoot)
     with anyio.move_on_after(10):
         await client.aclose()
@@ -185,6 +213,7 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
         "spread": max(starts) - min(starts) if starts else math.nan,
         "unfinished": unfinished,
         "bookkeeping": (BOOKKEEPING.seconds, BOOKKEEPING.passes),
+        "gc": gc_pauses,
     }
 
 
@@ -218,7 +247,10 @@ def main() -> None:
     print(f"black-hole server {url}; total={TOTAL} s per call; python {sys.version.split()[0]}")
     if args.bookkeeping:
         BOOKKEEPING.install()
-    columns = ("pool", "backend", "calls", "p50 ms", "p99 ms", "max ms", "start s", "cpu s")
+    columns = (
+        "pool", "backend", "calls", "p50 ms", "p99 ms", "max ms", "start s", "cpu s", "gc s",
+        "gc max",
+    )  # fmt: skip
     print(" ".join(f"{c:>8}" for c in columns) + "  outcomes")
     try:
         for pool in pools:
@@ -236,6 +268,8 @@ def main() -> None:
                         *(f"{v * 1000:>8.1f}" for v in (pct(o, 0.5), pct(o, 0.99), pct(o, 1.0))),
                         f"{r['spread']:>8.2f}",
                         f"{r['cpu']:>8.2f}",
+                        f"{r['gc'][0]:>8.2f}",
+                        f"{r['gc'][1]:>8.2f}",
                     ]
                     if args.bookkeeping:
                         seconds, passes = r["bookkeeping"]
