@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 import stallproof
+from stallproof._pool import WireStats
 
 # How far past its bound a call may end. The bounds are anyio deadlines, so on an idle
 # machine calls end within a few ms; the margin absorbs a noisy 2-core CI box.
@@ -41,24 +42,15 @@ def stopwatch() -> Iterator[list[float]]:
         box[0] = time.monotonic() - start
 
 
-def pool_state(client: stallproof.Client) -> dict[str, int]:
-    """Active/idle connections and queued requests in the client's connection pool."""
-    pool: Any = client._engine.pool
-    if hasattr(pool, "_client"):  # a caller's httpx client: look at its httpcore pool
-        pool = pool._client._transport._pool
-    conns = list(pool.connections)
-    return {
-        "requests": len(pool._requests),
-        "active": sum(1 for c in conns if not c.is_idle() and not c.is_closed()),
-        "idle": sum(1 for c in conns if c.is_idle()),
-    }
+def pool_state(client: stallproof.Client) -> WireStats:
+    """The client's connection pool: connections, idle, in use, waiting (`WireStats`)."""
+    return client._engine.pool.stats()
 
 
 def assert_pool_clean(client: stallproof.Client) -> None:
-    """No request holds a slot and no connection is checked out."""
+    """No call holds a connection or waits for one."""
     state = pool_state(client)
-    assert state["requests"] == 0, state
-    assert state["active"] == 0, state
+    assert state.nothing_held, state
 
 
 async def complete(client: stallproof.Client, *, stream: bool, **kwargs: Any) -> None:
@@ -90,11 +82,8 @@ async def hold_the_only_connection(
 
 def sdk_pool_held(client: Any) -> dict[str, int]:
     """Queued requests and checked-out connections in the pool under an SDK client."""
-    pool = client._client._transport.engine.pool
-    return {
-        "requests": len(pool._requests),
-        "active": sum(1 for c in pool.connections if not c.is_idle() and not c.is_closed()),
-    }
+    stats = client._client._transport.engine.pool.stats()
+    return {"requests": stats.waiting, "active": stats.in_use}
 
 
 class SentClock:

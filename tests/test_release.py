@@ -68,7 +68,8 @@ async def test_cancelled_while_waiting_for_the_pool(fault_server: Any, make_clie
     client, holder = await hold_the_only_connection(make_client, fault_server)
     with anyio.move_on_after(0.3):
         await client.chat.completions.create(model="m", messages=MSGS)
-    assert pool_state(client)["requests"] == 1  # only the holder's
+    state = pool_state(client)
+    assert (state.in_use, state.waiting) == (1, 0), state  # only the holder's
     await holder.aclose()
     assert_pool_clean(client)
 
@@ -85,7 +86,7 @@ async def test_break_out_of_a_stream_releases_the_connection(
     # The loop's generator is finalised when the loop drops it; give the finaliser a turn.
     gc.collect()
     for _ in range(20):
-        if pool_state(client)["requests"] == 0:
+        if pool_state(client).nothing_held:
             break
         await anyio.sleep(0.01)
     assert_pool_clean(client)
@@ -117,7 +118,7 @@ async def test_healthy_connections_are_reused(fault_server: Any, make_client: An
         else:
             await client.chat.completions.create(model="m", messages=MSGS)
     state = pool_state(client)
-    assert state["idle"] == 1, state
+    assert (state.idle, state.connections) == (1, 1), state
 
 
 async def test_errors_after_faults_leave_the_pool_usable(

@@ -32,12 +32,8 @@ BOUNDS = Timeouts(connect=2, read=2, write=2, pool=2, first_token=0.6, idle=0.5,
 HOLD = 20
 
 
-def pool_held(transport: Any) -> dict[str, int]:
-    pool = transport.engine.pool
-    return {
-        "requests": len(pool._requests),
-        "active": sum(1 for c in pool.connections if not c.is_idle() and not c.is_closed()),
-    }
+def nothing_held(transport: Any) -> bool:
+    return bool(transport.engine.pool.stats().nothing_held)
 
 
 @pytest.fixture(params=["httpx", "httpx2"])
@@ -63,7 +59,7 @@ async def test_healthy_call_and_stream(fault_server: Any, lib: Any) -> None:
             assert s.headers["content-type"].startswith("text/event-stream")
             data = b"".join([part async for part in s.aiter_bytes()])
         assert data.rstrip().endswith(b"data: [DONE]")
-        assert pool_held(client._transport) == {"requests": 0, "active": 0}
+        assert nothing_held(client._transport), client._transport.engine.pool.stats()
         assert client._transport.inflight() == ()
 
 
@@ -97,7 +93,7 @@ async def test_bounds_fire_as_both_error_families(
         assert isinstance(error, getattr(lib, lib_class))
         assert error.request.url == url  # httpx's RequestError.request works
         assert elapsed[0] <= BOUNDS.total + MARGIN
-        assert pool_held(client._transport) == {"requests": 0, "active": 0}
+        assert nothing_held(client._transport), client._transport.engine.pool.stats()
         assert client._transport.inflight() == ()
 
 
@@ -107,7 +103,7 @@ async def test_reset_is_a_read_error_and_connection_lost(fault_server: Any, lib:
         with pytest.raises(stallproof.ConnectionLost) as info:
             await client.post(url, content=BODY)
         assert isinstance(info.value, lib.ReadError)
-        assert pool_held(client._transport) == {"requests": 0, "active": 0}
+        assert nothing_held(client._transport), client._transport.engine.pool.stats()
 
 
 async def test_status_errors_come_back_as_responses_after_retries(
@@ -143,7 +139,7 @@ async def test_caller_cancellation_releases_everything(fault_server: Any, lib: A
             async with client.stream("POST", url, content=STREAM_BODY) as s:
                 async for _ in s.aiter_bytes():
                     pass
-        assert pool_held(client._transport) == {"requests": 0, "active": 0}
+        assert nothing_held(client._transport), client._transport.engine.pool.stats()
         assert client._transport.inflight() == ()
 
 

@@ -43,6 +43,7 @@ from ._config import UNSET, Limits, Timeouts, Unset
 from ._deadline import current_deadline
 from ._inflight import InflightCall, current_tags
 from ._pacer import Pacer, PacerState, Pacing
+from ._pool import WireStats
 from ._progress import Outcome
 from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
 from ._status import status_error_from_body
@@ -121,9 +122,11 @@ class Incoming:
 
 
 class Pool(Protocol):
-    """What the engine sends through: httpcore2's pool, or an adapter with its interface."""
+    """What the engine sends through: stallproof's `Wire`, or an adapter with its interface."""
 
-    async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response: ...
+    async def send(self, request: httpcore2.Request) -> httpcore2.Response: ...
+
+    def stats(self) -> WireStats: ...
 
     async def aclose(self) -> None: ...
 
@@ -368,7 +371,7 @@ class Engine:
         stream: ResponseBody | None = None
         try:
             with call.bounded(), call.translate_errors():
-                wire = await self.pool.handle_async_request(request)
+                wire = await self.pool.send(request)
                 call.headers_received = True
                 call.status_code = status = wire.status
                 call.server_request_id = _header(wire.headers, b"x-request-id") or _header(

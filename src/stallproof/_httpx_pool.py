@@ -2,7 +2,7 @@
 
 `Client(http_client=...)` keeps working for callers who configured proxies, certificates
 or event hooks on an httpx client. The engine drives it through the same interface as its
-own pool (``handle_async_request`` on httpcore2 requests), so every bound still holds; but
+own pool (``send`` and ``stats``, on httpcore2 requests), so every bound still holds; but
 that client's pool is httpcore's, whose bookkeeping cancellation can leave with dead slots
 (encode/httpcore#830, #1093). A warning says so, once per process.
 """
@@ -15,6 +15,8 @@ from typing import Any
 
 import httpcore2
 import httpx
+
+from ._pool import WireStats
 
 __all__ = ["HttpxClientPool"]
 
@@ -78,7 +80,7 @@ class HttpxClientPool:
                 stacklevel=3,
             )
 
-    async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response:
+    async def send(self, request: httpcore2.Request) -> httpcore2.Response:
         url = request.url
         ext: dict[str, Any] = dict(request.extensions)
         req = httpx.Request(
@@ -105,6 +107,22 @@ class HttpxClientPool:
                 "http_version": response.http_version.encode(),
                 "reason_phrase": response.reason_phrase.encode(),
             },
+        )
+
+    def stats(self) -> WireStats:
+        """The caller's client's pool, as far as it can be seen (httpx's default transport).
+
+        A custom transport without an httpcore pool shows as empty.
+        """
+        pool = getattr(getattr(self._client, "_transport", None), "_pool", None)
+        requests = list(getattr(pool, "_requests", ()))
+        conns = list(getattr(pool, "connections", ()))
+        idle = sum(1 for c in conns if c.is_idle())
+        return WireStats(
+            connections=sum(1 for c in conns if not c.is_closed()),
+            idle=idle,
+            in_use=sum(1 for r in requests if not r.is_queued()),
+            waiting=sum(1 for r in requests if r.is_queued()),
         )
 
     async def aclose(self) -> None:
