@@ -37,6 +37,7 @@ from . import _exceptions as exc
 from ._call import Call
 from ._callscope import CallScope
 from ._config import Limits
+from ._decoding import ContentDecoder, typed_errors
 from ._progress import Outcome, classify
 from ._sse import LineTooLong, ServerSentEvent, SSEDecoder
 
@@ -47,6 +48,8 @@ _CLOSE_BOUND = 5.0
 # After the end of a stream's content, how long we wait for the end of the HTTP body so the
 # connection can be reused. A server that holds the socket open costs at most this much.
 _DRAIN_BOUND = 0.25
+# The most bytes of events sorted between two checkpoints.
+_SLICE = 16 * 1024
 
 Event = tuple[ServerSentEvent, object, bool]
 """A decoded event, its data parsed as JSON (None if not JSON), and whether it is content."""
@@ -82,6 +85,7 @@ class ResponseBody:
         wire: httpcore2.Response | None = None,
         outcome: Outcome | None = None,
         parse_outcome: Callable[[bytes], Outcome | None] | None = None,
+        decoder: ContentDecoder | None = None,
     ) -> None:
         self._scope = scope
         self._call: Call = scope.call
@@ -97,7 +101,9 @@ class ResponseBody:
         if wire is not None:
             self._raw = wire.stream.__aiter__()  # type: ignore[union-attr]
         self._decoder = SSEDecoder(limits.max_line_bytes)
-        self._received = 0
+        # Decodes the wire's Content-Encoding and counts the decoded bytes of the whole
+        # stream against max_response_bytes.
+        self._content = decoder or ContentDecoder((), limits.max_response_bytes)
         # Buffered before the caller chose how to read: bytes and their events.
         self._chunks: deque[bytes] = deque()
         self._events: deque[Event] = deque()
@@ -142,37 +148,50 @@ class ResponseBody:
         start = anyio.current_time()
         if start >= call.total_deadline:
             raise call.timeout_error("total")
+        content = False
         with call.step(bound, start + (limit - self._waited)), call.translate_errors():
             try:
                 data = await self._raw.__anext__()
             except StopAsyncIteration:
                 data = None
+            if data is not None:
+                # Decoding happens inside the step's deadline, a checkpoint between pieces.
+                call.progress(len(data))
+                with typed_errors(call, self._limits.max_response_bytes):
+                    for piece in self._content.feed(data):
+                        # Events are sorted a slice at a time with a checkpoint between, so
+                        # a flood of tiny events cannot hold the loop past the deadline.
+                        for at in range(0, len(piece), _SLICE):
+                            if at:
+                                await anyio.lowlevel.checkpoint()
+                            content = self._take(piece[at : at + _SLICE]) or content
+                        if not self._content.identity:
+                            await anyio.lowlevel.checkpoint()
         if data is None:
+            with typed_errors(call, self._limits.max_response_bytes):
+                self._content.finish()
             # An event cut off by the end of the body is discarded, as the SSE spec says.
             self._state = _State.DRAINED
             return
-        self._received += len(data)
-        call.progress(len(data))
-        cap = self._limits.max_response_bytes
-        if self._received > cap:
-            raise call.error(
-                exc.ResponseTooLarge, f"stream passed max_response_bytes={cap}", limit=cap
-            )
+        if content:
+            self._seen_content = True
+            self._waited = 0.0
+        else:
+            self._waited += anyio.current_time() - start
+
+    def _take(self, data: bytes) -> bool:
+        """Keep decoded bytes for a byte reader and sort their events; True on content."""
         if self._mode != "events":
             self._chunks.append(data)
         try:
             events = list(self._decoder.feed(data))
         except LineTooLong:
-            raise call.error(
+            raise self._call.error(
                 exc.ResponseTooLarge,
                 f"an SSE line passed max_line_bytes={self._limits.max_line_bytes}",
                 limit=self._limits.max_line_bytes,
             ) from None
-        if self._absorb_events(events):
-            self._seen_content = True
-            self._waited = 0.0
-        else:
-            self._waited += anyio.current_time() - start
+        return self._absorb_events(events)
 
     def _absorb_events(self, events: object) -> bool:
         content = False
