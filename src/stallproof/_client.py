@@ -19,6 +19,7 @@ from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
 from ._engine import CallOptions, Engine, Incoming, Outgoing
 from ._httpx_pool import HttpxClientPool
 from ._inflight import InflightCall
+from ._json import parse_body
 from ._models import ChatCompletion
 from ._pacer import Pacer, PacerState
 from ._retry import Retry, RetryBudget
@@ -300,24 +301,15 @@ async def _completion(incoming: Incoming) -> ChatCompletion:
     content = body.content or b""
     try:
         try:
-            data = json.loads(content)
-        except (ValueError, RecursionError):
-            raise call.error(
-                exc.MalformedResponse,
-                f"response body is not JSON ({len(content)} bytes): {content[:80]!r}",
-            ) from None
-        if not isinstance(data, dict):
-            raise call.error(
-                exc.MalformedResponse, f"response body is JSON {type(data).__name__}, not object"
-            )
-        if "error" in data and "choices" not in data:
-            raise call.error(
-                exc.StreamErrorEvent, "the server answered 200 with an error object", body=data
-            )
-        try:
-            result = ChatCompletion.from_dict(data)
+            result = await parse_body(content, call, _completion_or_error)
         except exc.MalformedResponse as e:
+            if e.request_id is not None:
+                raise
             raise call.error(exc.MalformedResponse, e.message) from None
+        if isinstance(result, dict):
+            raise call.error(
+                exc.StreamErrorEvent, "the server answered 200 with an error object", body=result
+            )
     except BaseException as e:
         await body.fail(e)
         raise
@@ -338,6 +330,15 @@ async def _completion(incoming: Incoming) -> ChatCompletion:
         outcome.text.append(result.choices[0].message.content or "")
     await body.aclose()
     return result
+
+
+def _completion_or_error(data: object) -> ChatCompletion | dict[str, Any]:
+    """A parsed body as a `ChatCompletion`, or the error object a server sent with a 200."""
+    if not isinstance(data, dict):
+        raise exc.MalformedResponse(f"response body is JSON {type(data).__name__}, not object")
+    if "error" in data and "choices" not in data:
+        return data
+    return ChatCompletion.from_dict(data)
 
 
 def _encode_name(name: object) -> bytes:

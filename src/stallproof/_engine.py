@@ -25,7 +25,6 @@ call, `_attempts` the retry loop, `_attempt` one request, `_read_whole` a body.
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import secrets
 from collections.abc import Mapping, Sequence
@@ -50,6 +49,7 @@ from ._decoding import (
 )
 from ._deadline import current_deadline
 from ._inflight import InflightCall, current_tags
+from ._json import OFF_LOOP_BYTES, loads
 from ._pacer import Pacer, PacerState, Pacing
 from ._progress import Outcome
 from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
@@ -504,18 +504,19 @@ def _peek_json(out: Outgoing) -> Mapping[str, Any]:
     if not content or len(content) > _PEEK_LIMIT or content[:1] != b"{":
         return {}
     try:
-        obj = json.loads(content)
-    except (ValueError, RecursionError):
+        obj = loads(content)
+    except ValueError:
         return {}
     return obj if isinstance(obj, dict) else {}
 
 
 def _parse_outcome(content: bytes) -> Outcome | None:
-    if len(content) > _PEEK_LIMIT or content[:1] != b"{":
+    # Runs on the loop as the body closes: only bodies small enough to parse at once.
+    if len(content) > OFF_LOOP_BYTES or content[:1] != b"{":
         return None
     try:
-        obj = json.loads(content)
-    except (ValueError, RecursionError):
+        obj = loads(content)
+    except ValueError:
         return None
     outcome = Outcome()
     outcome.note_body(obj)
