@@ -22,6 +22,7 @@ from ._inflight import InflightCall
 from ._json import parse_body
 from ._models import ChatCompletion
 from ._pacer import Pacer, PacerState
+from ._redact import safe_url
 from ._retry import Retry, RetryBudget
 from ._stream import AsyncStream
 
@@ -30,6 +31,8 @@ __all__ = ["Client"]
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _NO_RETRY = Retry(attempts=1)
 _USER_AGENT = "stallproof/0.1"
+# Headers that frame the request on the wire: set by us from the body and the URL only.
+_FRAMING = frozenset({b"content-length", b"host", b"transfer-encoding", b"connection"})
 
 
 class Client:
@@ -95,6 +98,11 @@ class Client:
             api_key = os.environ.get("OPENAI_API_KEY") or None
         if api_key is not None and not isinstance(api_key, str):
             raise exc.InvalidRequestError(f"api_key must be a str, got {type(api_key).__name__}")
+        if api_key and (api_key != api_key.strip() or not api_key.isprintable()):
+            # A key read from a file often ends in a newline. Never echo it.
+            raise exc.InvalidRequestError(
+                "api_key has surrounding whitespace or a control character (value not shown)"
+            )
         if not isinstance(limits, Limits):
             raise exc.InvalidRequestError(f"limits must be a Limits, got {limits!r}")
         try:
@@ -103,14 +111,17 @@ class Client:
             raise exc.InvalidRequestError(f"invalid base_url: {e}") from None
         if url.scheme not in ("http", "https") or not url.host:
             raise exc.InvalidRequestError(
-                f"base_url must be an absolute http(s) URL, got {str(base_url)!r}"
+                f"base_url must be an absolute http(s) URL, got {safe_url(base_url)!r}"
             )
+        if url.port is not None and not 0 < url.port < 65536:
+            raise exc.InvalidRequestError(f"base_url port {url.port} is out of range (1-65535)")
         if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
             raise exc.InvalidRequestError(
                 f"http_client must be an httpx.AsyncClient, got {type(http_client).__name__}"
             )
         self.base_url = url.copy_with(path=url.path.rstrip("/") + "/")
-        self._upstream = str(self.base_url)
+        # The breaker's key shows in circuits(), CircuitOpen and log lines: no userinfo.
+        self._upstream = safe_url(self.base_url)
         # Joined once: httpx's URL.join costs ~0.4 ms, a third of our per-call overhead.
         chat_url = self.base_url.join("chat/completions")
         self._scheme = chat_url.raw_scheme
@@ -121,6 +132,11 @@ class Client:
         self.limits = limits
         self._api_key = api_key
         headers = {"user-agent": _USER_AGENT, "accept": "application/json"}
+        for name in default_headers or {}:
+            if isinstance(name, str) and name.lower().encode() in _FRAMING:
+                raise exc.InvalidRequestError(
+                    f"default_headers may not set {name!r}: stallproof frames the request"
+                )
         headers.update(default_headers or {})
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
@@ -172,7 +188,7 @@ class Client:
 
     def __repr__(self) -> str:
         key = "None" if self._api_key is None else "'***'"
-        return f"<stallproof.Client base_url={str(self.base_url)!r} api_key={key}>"
+        return f"<stallproof.Client base_url={safe_url(self.base_url)!r} api_key={key}>"
 
     async def aclose(self) -> None:
         """Close the client's connections (not those of an ``http_client`` passed in)."""
@@ -211,6 +227,10 @@ class Client:
                 )
             for name, value in extra_headers.items():
                 key = _encode_name(name)
+                if key in _FRAMING:
+                    raise exc.InvalidRequestError(
+                        f"extra_headers may not set {name!r}: stallproof frames the request"
+                    )
                 headers = [(k, v) for k, v in headers if k != key]
                 if value is not None:  # None: openai's way to remove a default header
                     headers.append((key, _encode_value(name, value)))

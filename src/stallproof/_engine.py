@@ -52,6 +52,7 @@ from ._inflight import InflightCall, current_tags
 from ._json import OFF_LOOP_BYTES, loads
 from ._pacer import Pacer, PacerState, Pacing
 from ._progress import Outcome
+from ._redact import check_headers
 from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
 from ._status import status_error_from_body
 from ._telemetry import Telemetry
@@ -269,6 +270,11 @@ class Engine:
             max_attempts=policy.attempts,
             scope=current_deadline(),
         )
+        # Refused by name before anything is sent: the HTTP layer's own error would quote
+        # the value, and the value of a bad Authorization header is the key.
+        problem = check_headers(out.headers) or _port_problem(out.port)
+        if problem is not None:
+            raise call.error(exc.InvalidRequestError, problem)
         circuit: Circuit | None = None
         if self._breakers is not None:
             circuit = self._breakers.circuit(opts.upstream or _origin(out), model)
@@ -538,6 +544,12 @@ def _is_event_stream(headers: Sequence[tuple[bytes, bytes]]) -> bool:
 def _extensions(wire: httpcore2.Response) -> dict[str, Any]:
     ext = wire.extensions
     return {k: ext[k] for k in ("http_version", "reason_phrase") if k in ext}
+
+
+def _port_problem(port: int | None) -> str | None:
+    if port is None or 0 < port < 65536:
+        return None
+    return f"port {port} is out of range (1-65535)"
 
 
 def _host_header(out: Outgoing) -> bytes:
