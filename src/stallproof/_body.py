@@ -23,6 +23,7 @@ reaching an error) releases the connection and ends the call, exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import warnings
@@ -32,6 +33,7 @@ from types import TracebackType
 
 import anyio
 import httpcore2
+import sniffio
 
 from . import _exceptions as exc
 from ._call import Call
@@ -73,6 +75,50 @@ async def close_wire(response: httpcore2.Response) -> None:
         await response.aclose()
 
 
+_closing: set[asyncio.Task[None]] = set()
+
+
+async def _close_quietly(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+    # Only the response: its body iterator (``raw``) may be in the same garbage cycle as
+    # the body, and then the loop's async-generator hook finalises it already.
+    del raw
+    with anyio.move_on_after(_CLOSE_BOUND, shield=True), contextlib.suppress(Exception):
+        await wire.aclose()
+
+
+_Closer = Callable[[AsyncIterator[bytes] | None, httpcore2.Response], None]
+
+
+def _closer() -> _Closer | None:
+    """A way for a finaliser to close a response on the running event loop (thread-safe
+    and safe from ``__del__``: it only schedules). None on an unknown loop."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        loop = asyncio.get_running_loop()
+
+        def start(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+            task = loop.create_task(_close_quietly(raw, wire))
+            _closing.add(task)  # a strong reference until it is done
+            task.add_done_callback(_closing.discard)
+
+        def schedule_asyncio(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to do
+                loop.call_soon_threadsafe(start, raw, wire)
+
+        return schedule_asyncio
+    if library == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+
+        def schedule_trio(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(trio.lowlevel.spawn_system_task, _close_quietly, raw, wire)
+
+        return schedule_trio
+    return None  # pragma: no cover
+
+
 class ResponseBody:
     """The body of one response: whole (``content``) or a live event stream."""
 
@@ -98,8 +144,10 @@ class ResponseBody:
         self._parse_outcome = parse_outcome
         self._state = _State.DRAINED if wire is None else _State.LIVE
         self._raw: AsyncIterator[bytes] | None = None
+        self._close_later: _Closer | None = None
         if wire is not None:
             self._raw = wire.stream.__aiter__()  # type: ignore[union-attr]
+            self._close_later = _closer()
         self._decoder = SSEDecoder(limits.max_line_bytes)
         # Decodes the wire's Content-Encoding and counts the decoded bytes of the whole
         # stream against max_response_bytes.
@@ -308,16 +356,19 @@ class ResponseBody:
                         await wire.aclose()
 
     def __del__(self) -> None:
-        # Dropped without being read to the end or closed: the connection cannot be
-        # released from here (that needs the event loop), but the call's permit and its
-        # in-flight entry can, so a forgotten stream does not starve the pacer.
+        # Dropped without being read to the end or closed: the call's permit and its
+        # in-flight entry are given back here, so a forgotten stream does not starve the
+        # pacer; the connection is closed by a task scheduled on the body's event loop.
         if self._wire is not None and self._state is not _State.CLOSED and not self._scope.ended:
+            self._state = _State.CLOSED
             self._scope.end(
                 self._call.error(
                     exc.StallproofError,
                     "the response body was dropped without being closed",
                 )
             )
+            if self._close_later is not None:
+                self._close_later(self._raw, self._wire)
             warnings.warn(
                 f"stallproof: a response body (request_id={self._call.request_id}) was "
                 "never closed; use `async with` or `await stream.aclose()`",
