@@ -122,9 +122,10 @@ async def test_an_error_body_bomb_is_cut_at_the_error_cap(
 def _sse_bomb() -> bytes:
     """gzip of a content event, then blank lines (valid SSE, no events) up to 64 MiB."""
     chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-    first = b"data: " + json.dumps(
-        {**chunk, "choices": [{"index": 0, "delta": {"content": "hi"}}]}
-    ).encode()
+    first = (
+        b"data: "
+        + json.dumps({**chunk, "choices": [{"index": 0, "delta": {"content": "hi"}}]}).encode()
+    )
     return _gzip(lambda: [first + b"\n\n", *(b"\n" * MiB for _ in range(64))])
 
 

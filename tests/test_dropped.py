@@ -24,9 +24,14 @@ MSGS = [{"role": "user", "content": "hello there"}]
 HOLD = 20
 
 
+async def _create(make: Any) -> None:
+    await make()  # the stream dies with this frame, unread and unclosed
+
+
 async def _drop(make: Any) -> None:
-    """Create a stream in a frame of its own and return without touching it again."""
-    await make()
+    """Create a stream in a frame of its own, drop it, and collect the garbage."""
+    await _create(make)
+    gc.collect()
 
 
 async def test_a_dropped_client_stream_returns_its_permit_and_entry(
@@ -36,7 +41,6 @@ async def test_a_dropped_client_stream_returns_its_permit_and_entry(
     client = make_client(fault_server.url("sse_stall", after=1, hold=HOLD), pacer=pacer)
     with pytest.warns(ResourceWarning, match="never closed"):
         await _drop(lambda: client.chat.completions.create(model="m", messages=MSGS, stream=True))
-        gc.collect()
     assert client.inflight() == ()
     state = client.pacer_state()
     assert state is not None and state.in_use == 0, state
@@ -51,14 +55,13 @@ async def test_a_dropped_transport_stream_returns_its_entry(fault_server: Any) -
     body = json.dumps({"model": "m", "stream": True, "messages": MSGS})
     url = fault_server.url("sse_stall", after=1, hold=HOLD) + "/chat/completions"
     async with stallproof.http_client(timeout=30, retry=None) as client:
+
+        async def make() -> Any:
+            request = client.build_request("POST", url, content=body)
+            return await client.send(request, stream=True)
+
         with pytest.warns(ResourceWarning, match="never closed"):
-
-            async def make() -> Any:
-                request = client.build_request("POST", url, content=body)
-                return await client.send(request, stream=True)
-
             await _drop(make)
-            gc.collect()
         assert client._transport.inflight() == ()
         await anyio.sleep(0.2)  # the connection is closed on the loop, after the finaliser
         pool = client._transport.engine.pool

@@ -56,7 +56,7 @@ async def test_deep_nesting_is_malformed_not_recursion_error(
 
 
 def test_depth_is_measured_outside_strings() -> None:
-    assert not too_deep(json.dumps({"s": "[" * 1000, "t": "\\\"[[[" * 300}).encode())
+    assert not too_deep(json.dumps({"s": "[" * 1000, "t": '\\"[[[' * 300}).encode())
     assert not too_deep(json.dumps(_nested(MAX_DEPTH)).encode())
     assert too_deep(json.dumps(_nested(MAX_DEPTH + 1)).encode())
     assert too_deep(json.dumps({"a": _nested(MAX_DEPTH)}).encode())

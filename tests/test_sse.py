@@ -17,7 +17,7 @@ import stallproof
 from stallproof import Timeouts
 from stallproof._sse import SSEDecoder
 
-from .conftest import MARGIN, always, assert_pool_clean, stopwatch
+from .conftest import MARGIN, assert_pool_clean, stopwatch
 from .rawserver import RawRequest, response
 
 MSGS = [{"role": "user", "content": "hello there"}]
@@ -129,7 +129,9 @@ async def test_named_events_with_non_json_data_are_skipped_and_not_progress(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("flood", [b": ping\n\n", b"event: ping\ndata: {}\n\n", b'data: {"choices": []}\n\n'])
+@pytest.mark.parametrize(
+    "flood", [b": ping\n\n", b"event: ping\ndata: {}\n\n", b'data: {"choices": []}\n\n']
+)
 @pytest.mark.parametrize("encoding", [None, "gzip"])
 async def test_a_flood_of_tiny_keepalives_does_not_delay_first_token(
     flood: bytes, encoding: str | None, raw_server: Any, make_client: Any

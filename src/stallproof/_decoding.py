@@ -18,6 +18,7 @@ Errors are internal (`TooLarge`, `BadEncoding`); the engine turns them into the 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import zlib
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -44,18 +45,18 @@ __all__ = [
 # The most one step of decoding produces before the caller counts it and may yield.
 PIECE = 64 * 1024
 
-try:  # pragma: no cover - depends on the optional extra
-    import brotli as _brotli
 
-    if not hasattr(_brotli.Decompressor(), "can_accept_more_data"):
-        _brotli = None  # brotli < 1.2 cannot bound its output: unsafe, so not offered
-except ImportError:  # pragma: no cover
-    _brotli = None
+def _optional(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:  # pragma: no cover - depends on the optional extra
+        return None
 
-try:  # pragma: no cover - depends on the optional extra
-    import zstandard as _zstd
-except ImportError:  # pragma: no cover
-    _zstd = None
+
+_brotli = _optional("brotli")
+if _brotli is not None and not hasattr(_brotli.Decompressor(), "can_accept_more_data"):
+    _brotli = None  # brotli < 1.2 cannot bound its output per call: not offered
+_zstd = _optional("zstandard")
 
 
 class TooLarge(Exception):
@@ -135,7 +136,7 @@ class _Brotli:
                     pending = b""
                 else:
                     out = d.process(b"", output_buffer_limit=PIECE)
-            except _brotli.error as e:  # type: ignore[union-attr]
+            except _brotli.error as e:
                 raise BadEncoding(str(e)) from None
             if out:
                 yield out
@@ -174,7 +175,7 @@ class _Zstd:
             self._w.write(data)
         except TooLarge:
             over = True  # hand over what was decoded first: the caller counts it too
-        except _zstd.ZstdError as e:  # type: ignore[union-attr]
+        except _zstd.ZstdError as e:
             raise BadEncoding(str(e)) from None
         while self._out:
             yield self._out.popleft()

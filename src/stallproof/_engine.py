@@ -39,6 +39,7 @@ from ._breaker import Breaker, BreakerRegistry, Circuit, CircuitState
 from ._call import Call
 from ._callscope import CallScope
 from ._config import UNSET, Limits, Timeouts, Unset
+from ._deadline import current_deadline
 from ._decoding import (
     ContentDecoder,
     TooLarge,
@@ -47,7 +48,6 @@ from ._decoding import (
     decoded_headers,
     typed_errors,
 )
-from ._deadline import current_deadline
 from ._inflight import InflightCall, current_tags
 from ._json import OFF_LOOP_BYTES, loads
 from ._pacer import Pacer, PacerState, Pacing
@@ -386,7 +386,11 @@ class Engine:
                 # The body is decoded here, counted as it is decoded; what we hand back says
                 # nothing of its Content-Encoding, so no face decodes it a second time.
                 error_body = status >= 300
-                cap = self.limits.max_error_body_bytes if error_body else self.limits.max_response_bytes
+                cap = (
+                    self.limits.max_error_body_bytes
+                    if error_body
+                    else self.limits.max_response_bytes
+                )
                 with typed_errors(call, cap):
                     decoder = ContentDecoder(content_encodings(wire.headers), cap)
                 headers = wire.headers if decoder.identity else decoded_headers(wire.headers)

@@ -75,5 +75,7 @@ def redacted_request(request: Any) -> Any:
         (k, _REDACTED if k.lower() in SECRET_HEADERS else v)
         for k, v in request.headers.multi_items()
     ]
-    url = request.url.copy_with(username=None, password=None) if request.url.userinfo else request.url
+    url = (
+        request.url.copy_with(username=None, password=None) if request.url.userinfo else request.url
+    )
     return type(request)(request.method, url, headers=headers, extensions={})
