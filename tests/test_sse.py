@@ -155,7 +155,8 @@ async def test_a_flood_of_tiny_keepalives_does_not_delay_first_token(
     client = make_client(srv.url, timeout=Timeouts(first_token=limit, total=10))
     with stopwatch() as elapsed, pytest.raises(stallproof.FirstTokenTimeout) as e:
         await client.chat.completions.create(model="m", messages=MSGS, stream=True)
-    # The flooding server is a thread of this process: it competes for the GIL, so this
-    # test allows more than the usual margin (without the fix: 10 s, or 43-244 ms late).
-    assert limit <= elapsed[0] <= limit + 2.5 * MARGIN, (elapsed[0], e.value.elapsed)
+    # The flooding server is a thread of this process and competes for the GIL and the
+    # CPU, so this test allows more than the usual margin (before the fix, a gzip flood
+    # ran to the 10 s total).
+    assert limit <= elapsed[0] <= limit + 5 * MARGIN, (elapsed[0], e.value.elapsed)
     assert_pool_clean(client)
