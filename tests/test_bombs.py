@@ -241,3 +241,18 @@ async def test_bad_encodings_are_typed(
     assert e.value.request_id  # type: ignore[attr-defined]
     assert "decode" in str(e.value) or "compressed" in str(e.value)
     assert_pool_clean(client)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body"),
+    [("gzip", b"not gzip at all"), ("gzip", bomb("gzip")[:1000]), ("compress", b"x")],
+)
+async def test_an_error_body_that_does_not_decode_keeps_its_status(
+    encoding: str, body: bytes, raw_server: Any, make_client: Any
+) -> None:
+    srv = raw_server(always(response(503, body, {"content-encoding": encoding})))
+    client = make_client(srv.url, limits=LIMITS)
+    with pytest.raises(stallproof.InternalServerError) as e:
+        await client.chat.completions.create(model="m", messages=MSGS)
+    assert e.value.status_code == 503 and e.value.request_id
+    assert_pool_clean(client)

@@ -41,8 +41,10 @@ from ._callscope import CallScope
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._deadline import current_deadline
 from ._decoding import (
+    BadEncoding,
     ContentDecoder,
     TooLarge,
+    Truncated,
     accept_encoding,
     content_encodings,
     decoded_headers,
@@ -392,7 +394,13 @@ class Engine:
                     else self.limits.max_response_bytes
                 )
                 with typed_errors(call, cap):
-                    decoder = ContentDecoder(content_encodings(wire.headers), cap)
+                    try:
+                        decoder = ContentDecoder(content_encodings(wire.headers), cap)
+                    except BadEncoding:
+                        if not error_body:
+                            raise
+                        # The status is the answer: its body is kept as it came.
+                        decoder = ContentDecoder((), cap)
                 headers = wire.headers if decoder.identity else decoded_headers(wire.headers)
                 if error_body:
                     content = await self._read_whole(wire, call, decoder, error=True)
@@ -468,6 +476,11 @@ class Engine:
                     if not error:
                         raise
                     buf += over.head
+                except (BadEncoding, Truncated):
+                    if not error:
+                        raise
+                    # An error body that does not decode: the status is the answer, with
+                    # what decoded before the fault.
         finally:
             with anyio.move_on_after(5.0, shield=True):
                 await aclose_iterator(raw)
