@@ -19,6 +19,8 @@ import pytest
 import stallproof
 from stallproof._pool import WireStats
 
+from .rawserver import Answer, RawRequest, RawServer
+
 # How far past its bound a call may end. The bounds are anyio deadlines, so on an idle
 # machine calls end within a few ms; the margin absorbs a noisy 2-core CI box.
 MARGIN = float(os.environ.get("STALLPROOF_TEST_MARGIN", "0.1"))
@@ -150,3 +152,27 @@ async def make_client() -> AsyncIterator[Any]:
         await client.aclose()
         if client._engine.pool is not None and hasattr(client._engine.pool, "_client"):
             await client._engine.pool._client.aclose()  # the http_client the test made
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Any]:
+    """Factory of `RawServer`s (see tests/rawserver.py), stopped at the end of the test."""
+    servers: list[RawServer] = []
+
+    def factory(answer: Any, **kwargs: Any) -> RawServer:
+        server = RawServer(answer, **kwargs)
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        server.close()
+
+
+def always(answer: Answer) -> Any:
+    """A `RawServer` answer that ignores the request."""
+
+    def respond(request: RawRequest) -> Answer:
+        return answer
+
+    return respond

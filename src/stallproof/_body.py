@@ -23,6 +23,7 @@ reaching an error) releases the connection and ends the call, exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import warnings
@@ -32,11 +33,13 @@ from types import TracebackType
 
 import anyio
 import httpcore2
+import sniffio
 
 from . import _exceptions as exc
 from ._call import Call
 from ._callscope import CallScope
 from ._config import Limits
+from ._decoding import ContentDecoder, typed_errors
 from ._progress import Outcome, classify
 from ._sse import LineTooLong, ServerSentEvent, SSEDecoder
 
@@ -47,6 +50,8 @@ _CLOSE_BOUND = 5.0
 # After the end of a stream's content, how long we wait for the end of the HTTP body so the
 # connection can be reused. A server that holds the socket open costs at most this much.
 _DRAIN_BOUND = 0.25
+# The most bytes of events sorted between two checkpoints.
+_SLICE = 16 * 1024
 
 Event = tuple[ServerSentEvent, object, bool]
 """A decoded event, its data parsed as JSON (None if not JSON), and whether it is content."""
@@ -70,6 +75,50 @@ async def close_wire(response: httpcore2.Response) -> None:
         await response.aclose()
 
 
+_closing: set[asyncio.Task[None]] = set()
+
+
+async def _close_quietly(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+    # Only the response: its body iterator (``raw``) may be in the same garbage cycle as
+    # the body, and then the loop's async-generator hook finalises it already.
+    del raw
+    with anyio.move_on_after(_CLOSE_BOUND, shield=True), contextlib.suppress(Exception):
+        await wire.aclose()
+
+
+_Closer = Callable[[AsyncIterator[bytes] | None, httpcore2.Response], None]
+
+
+def _closer() -> _Closer | None:
+    """A way for a finaliser to close a response on the running event loop (thread-safe
+    and safe from ``__del__``: it only schedules). None on an unknown loop."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        loop = asyncio.get_running_loop()
+
+        def start(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+            task = loop.create_task(_close_quietly(raw, wire))
+            _closing.add(task)  # a strong reference until it is done
+            task.add_done_callback(_closing.discard)
+
+        def schedule_asyncio(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to do
+                loop.call_soon_threadsafe(start, raw, wire)
+
+        return schedule_asyncio
+    if library == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+
+        def schedule_trio(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(trio.lowlevel.spawn_system_task, _close_quietly, raw, wire)
+
+        return schedule_trio
+    return None  # pragma: no cover
+
+
 class ResponseBody:
     """The body of one response: whole (``content``) or a live event stream."""
 
@@ -82,6 +131,7 @@ class ResponseBody:
         wire: httpcore2.Response | None = None,
         outcome: Outcome | None = None,
         parse_outcome: Callable[[bytes], Outcome | None] | None = None,
+        decoder: ContentDecoder | None = None,
     ) -> None:
         self._scope = scope
         self._call: Call = scope.call
@@ -94,10 +144,14 @@ class ResponseBody:
         self._parse_outcome = parse_outcome
         self._state = _State.DRAINED if wire is None else _State.LIVE
         self._raw: AsyncIterator[bytes] | None = None
+        self._close_later: _Closer | None = None
         if wire is not None:
             self._raw = wire.stream.__aiter__()  # type: ignore[union-attr]
+            self._close_later = _closer()
         self._decoder = SSEDecoder(limits.max_line_bytes)
-        self._received = 0
+        # Decodes the wire's Content-Encoding and counts the decoded bytes of the whole
+        # stream against max_response_bytes.
+        self._content = decoder or ContentDecoder((), limits.max_response_bytes)
         # Buffered before the caller chose how to read: bytes and their events.
         self._chunks: deque[bytes] = deque()
         self._events: deque[Event] = deque()
@@ -142,37 +196,50 @@ class ResponseBody:
         start = anyio.current_time()
         if start >= call.total_deadline:
             raise call.timeout_error("total")
+        content = False
         with call.step(bound, start + (limit - self._waited)), call.translate_errors():
             try:
                 data = await self._raw.__anext__()
             except StopAsyncIteration:
                 data = None
+            if data is not None:
+                # Decoding happens inside the step's deadline, a checkpoint between pieces.
+                call.progress(len(data))
+                with typed_errors(call, self._limits.max_response_bytes):
+                    for piece in self._content.feed(data):
+                        # Events are sorted a slice at a time with a checkpoint between, so
+                        # a flood of tiny events cannot hold the loop past the deadline.
+                        for at in range(0, len(piece), _SLICE):
+                            if at:
+                                await anyio.lowlevel.checkpoint()
+                            content = self._take(piece[at : at + _SLICE]) or content
+                        if not self._content.identity:
+                            await anyio.lowlevel.checkpoint()
         if data is None:
+            with typed_errors(call, self._limits.max_response_bytes):
+                self._content.finish()
             # An event cut off by the end of the body is discarded, as the SSE spec says.
             self._state = _State.DRAINED
             return
-        self._received += len(data)
-        call.progress(len(data))
-        cap = self._limits.max_response_bytes
-        if self._received > cap:
-            raise call.error(
-                exc.ResponseTooLarge, f"stream passed max_response_bytes={cap}", limit=cap
-            )
+        if content:
+            self._seen_content = True
+            self._waited = 0.0
+        else:
+            self._waited += anyio.current_time() - start
+
+    def _take(self, data: bytes) -> bool:
+        """Keep decoded bytes for a byte reader and sort their events; True on content."""
         if self._mode != "events":
             self._chunks.append(data)
         try:
             events = list(self._decoder.feed(data))
         except LineTooLong:
-            raise call.error(
+            raise self._call.error(
                 exc.ResponseTooLarge,
                 f"an SSE line passed max_line_bytes={self._limits.max_line_bytes}",
                 limit=self._limits.max_line_bytes,
             ) from None
-        if self._absorb_events(events):
-            self._seen_content = True
-            self._waited = 0.0
-        else:
-            self._waited += anyio.current_time() - start
+        return self._absorb_events(events)
 
     def _absorb_events(self, events: object) -> bool:
         content = False
@@ -291,16 +358,19 @@ class ResponseBody:
                         await wire.aclose()
 
     def __del__(self) -> None:
-        # Dropped without being read to the end or closed: the connection cannot be
-        # released from here (that needs the event loop), but the call's permit and its
-        # in-flight entry can, so a forgotten stream does not starve the pacer.
+        # Dropped without being read to the end or closed: the call's permit and its
+        # in-flight entry are given back here, so a forgotten stream does not starve the
+        # pacer; the connection is closed by a task scheduled on the body's event loop.
         if self._wire is not None and self._state is not _State.CLOSED and not self._scope.ended:
+            self._state = _State.CLOSED
             self._scope.end(
                 self._call.error(
                     exc.StallproofError,
                     "the response body was dropped without being closed",
                 )
             )
+            if self._close_later is not None:
+                self._close_later(self._raw, self._wire)
             warnings.warn(
                 f"stallproof: a response body (request_id={self._call.request_id}) was "
                 "never closed; use `async with` or `await stream.aclose()`",

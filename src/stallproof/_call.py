@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import secrets
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
@@ -283,10 +284,19 @@ class Call:
     def translate_errors(self) -> Iterator[None]:
         """Turn the pool's (httpcore2's) exceptions into ours, with the bound or phase."""
         t = self.timeouts
+        refused: exc.InvalidRequestError | None = None
         try:
             yield
         except exc.StallproofError:
             raise  # already ours (and a TimeoutError is an OSError: not a lost connection)
+        except (httpcore2.UnsupportedProtocol, httpcore2.LocalProtocolError) as e:
+            # Its text may quote a header value (h11: "Illegal header value b'Bearer
+            # sk-...'"): keep only the words before the first quote, and chain nothing,
+            # so no message, log line or __context__ carries the value.
+            said = re.split(r"""['"]""", str(e), maxsplit=1)[0].strip(" :")
+            refused = self.error(
+                exc.InvalidRequestError, f"request cannot be sent: {said or type(e).__name__}"
+            )
         except httpcore2.ConnectTimeout as e:
             raise self.timeout_error("connect", t.connect) from e
         except httpcore2.ReadTimeout as e:
@@ -309,8 +319,6 @@ class Call:
             raise self.error(
                 exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
             ) from e
-        except (httpcore2.UnsupportedProtocol, httpcore2.LocalProtocolError) as e:
-            raise exc.InvalidRequestError(f"request cannot be sent: {e}") from e
         except (httpcore2.TimeoutException, httpcore2.ProtocolError) as e:
             raise self.error(exc.TransportError, _describe(e)) from e
         except OSError as e:
@@ -318,6 +326,8 @@ class Call:
             raise self.error(
                 exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
             ) from e
+        if refused is not None:
+            raise refused  # outside the except block: no __context__ to carry the value
 
     def _where(self) -> str:
         return f"while {self.phase}"

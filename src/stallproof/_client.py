@@ -22,6 +22,7 @@ from ._httpx_pool import HttpxClientPool
 from ._inflight import InflightCall
 from ._pacer import Pacer, PacerState
 from ._raw import PerCall, Prepared
+from ._redact import safe_url
 from ._request import is_omitted
 from ._resources import Embeddings, Models
 from ._retry import Retry, RetryBudget
@@ -144,7 +145,8 @@ class Client:
         self.timeout = s.timeout
         self.retry = s.retry
         self.max_retries = s.retry.attempts - 1
-        self._upstream = str(s.base_url)
+        # The breaker's key shows in circuits(), CircuitOpen and log lines: no userinfo.
+        self._upstream = safe_url(s.base_url)
         self.chat = Chat(self)
         self.models = Models(self)
         self.embeddings = Embeddings(self)
@@ -203,7 +205,7 @@ class Client:
 
     def __repr__(self) -> str:
         key = "None" if self._settings.api_key is None else "'***'"
-        return f"<stallproof.Client base_url={str(self.base_url)!r} api_key={key}>"
+        return f"<stallproof.Client base_url={safe_url(self.base_url)!r} api_key={key}>"
 
     async def aclose(self) -> None:
         """Close the client's connections (not those of an ``http_client`` passed in).

@@ -25,7 +25,6 @@ call, `_attempts` the retry loop, `_attempt` one request, `_read_whole` a body.
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import secrets
 from collections.abc import Mapping, Sequence
@@ -41,10 +40,22 @@ from ._call import Call
 from ._callscope import CallScope
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._deadline import current_deadline
+from ._decoding import (
+    BadEncoding,
+    ContentDecoder,
+    TooLarge,
+    Truncated,
+    accept_encoding,
+    content_encodings,
+    decoded_headers,
+    typed_errors,
+)
 from ._inflight import InflightCall, current_tags
+from ._json import OFF_LOOP_BYTES, loads
 from ._pacer import Pacer, PacerState, Pacing
 from ._pool import WireStats
 from ._progress import Outcome
+from ._redact import check_headers
 from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
 from ._status import status_error_from_body
 from ._telemetry import Telemetry
@@ -266,12 +277,22 @@ class Engine:
             method=out.method.decode("ascii", "replace"),
             url=out.url,
         )
+        # Refused by name before anything is sent: the HTTP layer's own error would quote
+        # the value, and the value of a bad Authorization header is the key.
+        problem = check_headers(out.headers) or _port_problem(out.port)
+        if problem is not None:
+            raise call.error(exc.InvalidRequestError, problem)
         circuit: Circuit | None = None
         if self._breakers is not None:
             circuit = self._breakers.circuit(opts.upstream or _origin(out), model)
             circuit.check()  # while open, fail before doing any work at all
         if not any(k.lower() == b"host" for k, _ in out.headers):
             out.headers.insert(0, (b"host", _host_header(out)))
+        # Ask only for the codings we can decode with a cap (httpx offers what it can).
+        out.headers = [
+            (k, accept_encoding(v) if k.lower() == b"accept-encoding" else v)
+            for k, v in out.headers
+        ]
         if policy.attempts > 1 and _header(out.headers, b"idempotency-key") is None:
             # The same key on every attempt lets a server drop a duplicate it already ran.
             out.headers.append((b"idempotency-key", f"stallproof-{request_id}".encode()))
@@ -377,21 +398,38 @@ class Engine:
                 call.server_request_id = _header(wire.headers, b"x-request-id") or _header(
                     wire.headers, b"request-id"
                 )
-                if status >= 300:
-                    content = await self._read_whole(wire, call, error=True)
-                    error = status_error_from_body(call, status, wire.headers, content)
+                # The body is decoded here, counted as it is decoded; what we hand back says
+                # nothing of its Content-Encoding, so no face decodes it a second time.
+                error_body = status >= 300
+                cap = (
+                    self.limits.max_error_body_bytes
+                    if error_body
+                    else self.limits.max_response_bytes
+                )
+                with typed_errors(call, cap):
+                    try:
+                        decoder = ContentDecoder(content_encodings(wire.headers), cap)
+                    except BadEncoding:
+                        if not error_body:
+                            raise
+                        # The status is the answer: its body is kept as it came.
+                        decoder = ContentDecoder((), cap)
+                headers = wire.headers if decoder.identity else decoded_headers(wire.headers)
+                if error_body:
+                    content = await self._read_whole(wire, call, decoder, error=True)
+                    error = status_error_from_body(call, status, headers, content)
                     body = ResponseBody(scope, self.limits, content=content)
                     raise _StatusFailure(
-                        error, Incoming(status, wire.headers, _extensions(wire), body, call)
+                        error, Incoming(status, headers, _extensions(wire), body, call)
                     )
                 # An event stream is read as one only when one was asked for: an answer
                 # that streams to a plain request is a whole body, bounded by total.
-                if call.stream and _is_event_stream(wire.headers) and not _encoded(wire.headers):
-                    stream = ResponseBody(scope, self.limits, wire=wire)
+                if call.stream and _is_event_stream(wire.headers):
+                    stream = ResponseBody(scope, self.limits, wire=wire, decoder=decoder)
                     await stream.prefetch()
                     body = stream
                 else:
-                    content = await self._read_whole(wire, call, error=False)
+                    content = await self._read_whole(wire, call, decoder, error=False)
                     body = ResponseBody(
                         scope,
                         self.limits,
@@ -409,13 +447,17 @@ class Engine:
         if stream is None:
             await _release(wire, None)
         scope.attempt_ended(None, status)
-        return Incoming(status, wire.headers, _extensions(wire), body, call)
+        return Incoming(status, headers, _extensions(wire), body, call)
 
-    async def _read_whole(self, wire: httpcore2.Response, call: Call, *, error: bool) -> bytes:
-        """Read a whole body under the attempt's bounds, capped.
+    async def _read_whole(
+        self, wire: httpcore2.Response, call: Call, decoder: ContentDecoder, *, error: bool
+    ) -> bytes:
+        """Read and decode a whole body under the attempt's bounds, capped once decoded.
 
         An error body is cut at ``max_error_body_bytes`` (the rest is not read: the
         connection is closed instead). A success body over ``max_response_bytes`` fails.
+        Decoding runs in pieces with a checkpoint between them, so the deadline fires in
+        the middle of a body that decodes to far more than was sent.
         """
         limits = self.limits
         cap = limits.max_error_body_bytes if error else limits.max_response_bytes
@@ -427,21 +469,31 @@ class Engine:
                 limit=cap,
             )
         buf = bytearray()
+        first = True
         raw = wire.stream.__aiter__()  # type: ignore[union-attr]
         try:
-            async for part in raw:
-                call.progress(len(part))
-                if not buf:
-                    # The first body byte ends first_token; total still applies to the rest.
-                    call.rearm(None)
-                buf += part
-                if len(buf) > cap:
-                    if error:
-                        del buf[cap:]
-                        break
-                    raise call.error(
-                        exc.ResponseTooLarge, f"body passed max_response_bytes={cap}", limit=cap
-                    )
+            with typed_errors(call, cap):
+                try:
+                    async for part in raw:
+                        call.progress(len(part))
+                        if first:
+                            # The first body byte ends first_token; total still applies.
+                            call.rearm(None)
+                            first = False
+                        for piece in decoder.feed(part):
+                            buf += piece
+                            if not decoder.identity:
+                                await anyio.lowlevel.checkpoint()
+                    decoder.finish()
+                except TooLarge as over:
+                    if not error:
+                        raise
+                    buf += over.head
+                except (BadEncoding, Truncated):
+                    if not error:
+                        raise
+                    # An error body that does not decode: the status is the answer, with
+                    # what decoded before the fault.
         finally:
             with anyio.move_on_after(5.0, shield=True):
                 await aclose_iterator(raw)
@@ -488,18 +540,19 @@ def _peek_json(out: Outgoing) -> Mapping[str, Any]:
     if not content or len(content) > _PEEK_LIMIT or content[:1] != b"{":
         return {}
     try:
-        obj = json.loads(content)
-    except (ValueError, RecursionError):
+        obj = loads(content)
+    except ValueError:
         return {}
     return obj if isinstance(obj, dict) else {}
 
 
 def _parse_outcome(content: bytes) -> Outcome | None:
-    if len(content) > _PEEK_LIMIT or content[:1] != b"{":
+    # Runs on the loop as the body closes: only bodies small enough to parse at once.
+    if len(content) > OFF_LOOP_BYTES or content[:1] != b"{":
         return None
     try:
-        obj = json.loads(content)
-    except (ValueError, RecursionError):
+        obj = loads(content)
+    except ValueError:
         return None
     outcome = Outcome()
     outcome.note_body(obj)
@@ -518,14 +571,15 @@ def _is_event_stream(headers: Sequence[tuple[bytes, bytes]]) -> bool:
     return ctype is not None and ctype.lower().startswith("text/event-stream")
 
 
-def _encoded(headers: Sequence[tuple[bytes, bytes]]) -> bool:
-    enc = _header(headers, b"content-encoding")
-    return enc is not None and enc.strip().lower() not in ("", "identity")
-
-
 def _extensions(wire: httpcore2.Response) -> dict[str, Any]:
     ext = wire.extensions
     return {k: ext[k] for k in ("http_version", "reason_phrase") if k in ext}
+
+
+def _port_problem(port: int | None) -> str | None:
+    if port is None or 0 < port < 65536:
+        return None
+    return f"port {port} is out of range (1-65535)"
 
 
 def _host_header(out: Outgoing) -> bytes:

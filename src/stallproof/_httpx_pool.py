@@ -54,11 +54,16 @@ class _Body:
         self._response = response
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        # Errors are raised outside the except block, so that their __context__ is not
+        # httpx's exception, whose .request holds the Authorization header.
+        error: Exception | None = None
         try:
             async for part in self._response.aiter_raw():
                 yield part
         except httpx.HTTPError as e:
-            raise _translated(e) from None
+            error = _translated(e)
+        if error is not None:
+            raise error
 
     async def aclose(self) -> None:
         await self._response.aclose()
@@ -95,10 +100,13 @@ class HttpxClientPool:
             content=b"".join([part async for part in request.stream]),  # type: ignore[union-attr]
             extensions=ext,
         )
+        error: Exception | None = None
         try:
             response = await self._client.send(req, stream=True, follow_redirects=False)
         except httpx.HTTPError as e:
-            raise _translated(e) from None
+            error = _translated(e)
+        if error is not None:
+            raise error
         return httpcore2.Response(
             response.status_code,
             headers=response.headers.raw,

@@ -302,16 +302,11 @@ class _Body:
         self._key = key
         self._closed = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        parts = self._stream.__aiter__()
-        try:
-            async for chunk in parts:
-                yield chunk
-        finally:
-            # Close the connection's own generator with ours, not whenever the GC finds it.
-            if isinstance(parts, AsyncGenerator):
-                with anyio.CancelScope(shield=True):
-                    await parts.aclose()
+    def __aiter__(self) -> _Parts:
+        # An iterator object, not an async generator: a body dropped unread (a stream the
+        # caller never iterated) is closed by `aclose`, and the GC finds no generator of
+        # ours left suspended to warn about.
+        return _Parts(self._stream.__aiter__())
 
     async def aclose(self) -> None:
         if self._closed:
@@ -325,6 +320,26 @@ class _Body:
                         await aclose()
             finally:
                 await self._wire._checkin(self._conn, self._key)
+
+
+class _Parts:
+    """The chunks of one body; `aclose` closes the connection's own generator with it."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, parts: AsyncIterator[bytes]) -> None:
+        self._parts = parts
+
+    def __aiter__(self) -> _Parts:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._parts.__anext__()
+
+    async def aclose(self) -> None:
+        if isinstance(self._parts, AsyncGenerator):
+            with anyio.CancelScope(shield=True):
+                await self._parts.aclose()
 
 
 async def _close(conns: list[httpcore2.AsyncHTTPConnection]) -> None:

@@ -21,9 +21,9 @@ model, finish reasons, token usage), so no face has to parse the stream twice.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from ._json import loads
 from ._sse import ServerSentEvent
 
 __all__ = ["Outcome", "classify"]
@@ -158,6 +158,8 @@ def classify(event: ServerSentEvent, outcome: Outcome) -> tuple[bool, object]:
     if event.event in _LIFECYCLE:
         return False, _loads(data)
     obj = _loads(data)
+    if obj is None and event.event != "message":
+        return False, None  # a named event that is not JSON: not ours to judge, skipped
     if not isinstance(obj, dict):
         return True, obj  # a list, a number, or text: data all the same
     kind = obj.get("type")
@@ -232,8 +234,8 @@ def _typed(kind: str, obj: dict[str, Any], outcome: Outcome) -> bool:
 
 def _loads(data: str) -> object:
     try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
+        return loads(data)
+    except ValueError:
         return None
 
 

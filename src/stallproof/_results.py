@@ -16,7 +16,6 @@ built without validation, as the SDK builds every response. Wrong types never pa
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar, cast
 
 import pydantic
@@ -26,6 +25,7 @@ from . import _exceptions as exc
 from ._call import Call
 from ._engine import Incoming
 from ._exceptions import MalformedResponse
+from ._json import parse_body
 
 __all__ = ["read_result", "refuse", "to_result"]
 
@@ -35,6 +35,12 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 _SDK_TOLERATES = frozenset({"missing", "literal_error", "enum"})
 # What a server may leave out at the top level, and the value the result then carries.
 _TOP_DEFAULTS = {"created": 0}
+# Sanity bounds that keep a valid-but-absurd body from costing seconds of CPU (validation
+# runs in Rust holding the GIL; the SDK-tolerant rebuild is pure Python per field): openai
+# caps ``n`` at 128, so more than this many choices is not an answer to anything we sent;
+# and a body with this many gaps is not one the SDK's leniency is meant for.
+MAX_CHOICES = 1024
+_MAX_GAPS = 256
 
 
 def to_result(cls: type[M], data: object, call: Call | None = None) -> M:
@@ -44,9 +50,21 @@ def to_result(cls: type[M], data: object, call: Call | None = None) -> M:
         MalformedResponse: ``data`` is not an object, or a field has the wrong type
             (``path`` names the first one). Stamped with ``call``'s ids when given.
     """
+    if isinstance(data, dict):
+        choices = data.get("choices")
+        if isinstance(choices, list) and len(choices) > MAX_CHOICES:
+            raise _malformed(
+                call,
+                f"{cls.__name__}.choices: {len(choices)} choices (at most {MAX_CHOICES})",
+                "choices",
+            )
     try:
         return cls.model_validate(data, strict=True)
     except pydantic.ValidationError as e:
+        if e.error_count() > _MAX_GAPS:
+            raise _malformed(
+                call, f"{cls.__name__}: {e.error_count()} fields missing or invalid", None
+            ) from None
         errors = e.errors(include_url=False, include_input=False)
     if not isinstance(data, dict):
         raise _malformed(call, f"expected a JSON object, got {type(data).__name__}", None)
@@ -119,25 +137,31 @@ async def read_result(incoming: Incoming, cls: type[M]) -> M:
     body = incoming.body
     call = incoming.call
     content = body.content or b""
-    try:
-        try:
-            data = json.loads(content)
-        except (ValueError, RecursionError):
-            raise call.error(
-                exc.MalformedResponse,
-                f"response body is not JSON ({len(content)} bytes): {content[:80]!r}",
-            ) from None
+
+    def convert(data: object) -> tuple[M, dict[str, Any]] | dict[str, Any]:
+        # May run in a worker thread: no call stamps here (they read the event loop's clock).
         if not isinstance(data, dict):
-            raise call.error(
-                exc.MalformedResponse, f"response body is JSON {type(data).__name__}, not object"
-            )
+            raise MalformedResponse(f"response body is JSON {type(data).__name__}, not object")
         if "error" in data and "choices" not in data and "data" not in data:
+            return data
+        return to_result(cls, data), data
+
+    try:
+        # Size and depth checked before parsing; a large body is parsed (and validated)
+        # off the event loop, inside the call's total deadline.
+        try:
+            parsed = await parse_body(content, call, convert)
+        except MalformedResponse as e:
+            if e.stallproof_request_id is not None:
+                raise
+            raise _malformed(call, e.message, e.path) from None
+        if isinstance(parsed, dict):
             raise call.error(
                 exc.StreamErrorEvent,
                 "the server answered 200 with an error object",
-                body=data["error"],
+                body=parsed["error"],
             )
-        result = to_result(cls, data, call)
+        result, data = parsed
     except BaseException as e:
         await body.fail(e)
         raise

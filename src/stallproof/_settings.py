@@ -17,6 +17,7 @@ from openai import NOT_GIVEN
 from . import _exceptions as exc
 from ._config import UNSET, Timeouts
 from ._engine import CallOptions, Outgoing
+from ._redact import safe_url
 from ._request import encode_json, is_omitted
 from ._retry import Retry
 
@@ -88,14 +89,21 @@ class Settings:
                 raise exc.InvalidRequestError(f"{name} must be a str, got {type(value).__name__}")
         if project is not None and not isinstance(project, str):
             raise exc.InvalidRequestError(f"project must be a str, got {type(project).__name__}")
+        if api_key and (api_key != api_key.strip() or not api_key.isprintable()):
+            # A key read from a file often ends in a newline. Never echo it.
+            raise exc.InvalidRequestError(
+                "api_key has surrounding whitespace or a control character (value not shown)"
+            )
         try:
             url = httpx.URL(str(base_url))
         except httpx.InvalidURL as e:
             raise exc.InvalidRequestError(f"invalid base_url: {e}") from None
         if url.scheme not in ("http", "https") or not url.host:
             raise exc.InvalidRequestError(
-                f"base_url must be an absolute http(s) URL, got {str(base_url)!r}"
+                f"base_url must be an absolute http(s) URL, got {safe_url(base_url)!r}"
             )
+        if url.port is not None and not 0 < url.port < 65536:
+            raise exc.InvalidRequestError(f"base_url port {url.port} is out of range (1-65535)")
         url = url.copy_with(path=url.path.rstrip("/") + "/")
         timeouts = Timeouts() if is_omitted(timeout) else Timeouts.coerce(timeout)
         policy = _retry_policy(UNSET if is_omitted(retry) else retry, _given(max_retries))
@@ -106,6 +114,8 @@ class Settings:
             headers["openai-organization"] = organization
         if project:
             headers["openai-project"] = project
+        for name in default_headers or {}:
+            _refuse_framing(name, "default_headers")
         headers.update(default_headers or {})
         if default_query is not None and not isinstance(default_query, Mapping):
             raise exc.InvalidRequestError(
@@ -205,6 +215,7 @@ class Settings:
             if is_omitted(value):
                 continue
             key = _encode_name(name)
+            _refuse_framing(name, "extra_headers")
             headers[:] = [(k, v) for k, v in headers if k != key]
             if value is not None:
                 headers.append((key, _encode_value(name, value)))
@@ -246,6 +257,17 @@ def _encode_query(query: Mapping[str, object] | None) -> bytes:
         raise exc.InvalidRequestError(f"query must be a mapping, got {type(query).__name__}")
     items = {k: v for k, v in query.items() if not is_omitted(v) and v is not None}
     return str(httpx.QueryParams(items)).encode()  # type: ignore[arg-type]
+
+
+# Headers that frame the request on the wire: set from the body and the URL only.
+_FRAMING = frozenset({"content-length", "host", "transfer-encoding", "connection"})
+
+
+def _refuse_framing(name: object, where: str) -> None:
+    if isinstance(name, str) and name.lower() in _FRAMING:
+        raise exc.InvalidRequestError(
+            f"{where} may not set {name!r}: stallproof frames the request"
+        )
 
 
 def _encode_name(name: object) -> bytes:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import email.utils
 import http
-import json
 import time
 from collections.abc import Mapping, Sequence
 
 from . import _exceptions as exc
 from ._call import Call
+from ._json import loads
 
 __all__ = ["parse_retry_after", "status_error_from_body"]
 
@@ -57,8 +57,8 @@ def status_error_from_body(
     body: object = text or None
     detail = ""
     try:
-        body = json.loads(text)
-    except (ValueError, RecursionError):
+        body = loads(content)
+    except ValueError:
         detail = text.strip()[:200]
     else:
         err = body.get("error") if isinstance(body, dict) else None

@@ -36,6 +36,7 @@ from ._config import Timeouts, TimeoutTypes
 from ._engine import CallOptions, Engine, Outgoing
 from ._inflight import InflightCall
 from ._pacer import PacerState
+from ._redact import redacted_request
 
 __all__ = ["AsyncTransport", "AsyncTransport2", "http_client", "http_client2"]
 
@@ -107,16 +108,34 @@ def flavoured(error: exc.StallproofError, lib: _Library, request: Any) -> Except
     key = (type(error), base)
     cls = _FLAVOURS.get(key)
     if cls is None:
-        cls = type(type(error).__name__, (type(error), base), {"__module__": "stallproof"})
+        cls = type(
+            type(error).__name__,
+            (type(error), base),
+            {"__module__": "stallproof", "request": property(_get_request, _set_request)},
+        )
         _FLAVOURS[key] = cls
     new: Any = cls.__new__(cls)  # a TimeoutException is also an OSError: its own __new__
     new.__dict__.update(error.__dict__)
     new.args = error.args
-    new._request = request  # what httpx(2).RequestError.request reads
+    # What httpx(2).RequestError.request reads: a copy without the secret headers, since
+    # the SDKs keep this error as __cause__ of their own and crash reporters walk chains.
+    new._request = redacted_request(request)
     new.__cause__ = error.__cause__
     new.__context__ = error.__context__
     new.__suppress_context__ = error.__suppress_context__
     return new  # type: ignore[no-any-return]
+
+
+def _get_request(self: Any) -> Any:
+    if self._request is None:
+        raise RuntimeError("The .request property has not been set.")
+    return self._request
+
+
+def _set_request(self: Any, request: Any) -> None:
+    # httpx(2) attaches the request to errors passing through it (``request_context``):
+    # keep only a copy without the secret headers.
+    self._request = redacted_request(request)
 
 
 async def _outgoing(request: Any) -> Outgoing:

@@ -1,0 +1,81 @@
+"""Keeping secrets out of everything stallproof shows: messages, reprs, logs, spans, chains.
+
+A secret travels in a header (``Authorization``, ``api-key``, ``x-api-key``...) or in a
+URL's userinfo (``https://user:KEY@host``). Three rules keep it in the request alone:
+
+- a header value is never quoted: a bad one is refused by *name* (`check_headers`), before
+  anything is sent, because the HTTP layer's own error quotes the value it refused;
+- a URL is shown without its userinfo (`safe_url`);
+- an error that outlives the call carries no request with secret headers in it: the
+  request a library's exception must hold is a copy with those values replaced
+  (`redacted_request`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["SECRET_HEADERS", "check_headers", "redacted_request", "safe_url"]
+
+SECRET_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "api-key",
+        "x-api-key",
+        "x-goog-api-key",
+        "cookie",
+    }
+)
+_REDACTED = "[redacted]"
+# Bytes that may not appear in a header value (RFC 9110: field-vchar, SP and HTAB only).
+_BAD = frozenset(range(0x20)) - {0x09} | {0x7F}
+_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def header_problem(name: bytes, value: bytes) -> str | None:
+    """What is wrong with one header, in words that never quote its value (None: fine)."""
+    if not name or any(b not in _TOKEN for b in name):
+        return f"header name {name[:60]!r} is not a valid HTTP token"
+    label = name.decode("ascii").lower()
+    if value != value.strip(b" \t"):
+        return f"header {label!r} has surrounding whitespace in its value (value not shown)"
+    if any(b in _BAD for b in value):
+        return f"header {label!r} has a control character in its value (value not shown)"
+    return None
+
+
+def check_headers(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The first problem among ``headers`` (see `header_problem`), or None."""
+    for name, value in headers:
+        problem = header_problem(name, value)
+        if problem is not None:
+            return problem
+    return None
+
+
+def safe_url(url: Any) -> str:
+    """``url`` (an httpx URL or a string) as text without its userinfo."""
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    authority, slash, path = rest.partition("/")
+    host = authority.rpartition("@")[2]
+    return f"{scheme}://{host}{slash}{path}"
+
+
+def redacted_request(request: Any) -> Any:
+    """A copy of an httpx/httpx2 request with secret header values (and the URL's
+    userinfo) replaced: what an exception may hold on to after the call."""
+    if request is None:
+        return None
+    headers = [
+        (k, _REDACTED if k.lower() in SECRET_HEADERS else v)
+        for k, v in request.headers.multi_items()
+    ]
+    url = (
+        request.url.copy_with(username=None, password=None) if request.url.userinfo else request.url
+    )
+    return type(request)(request.method, url, headers=headers, extensions={})
