@@ -59,7 +59,7 @@ async def test_stall_ends_within_budget(
     structured = recipe(instructor, hardened.openai(stall.url(fault_scope)))
     # instructor wraps what the SDK raised in its InstructorRetryException, even with no
     # retries; a stall mid-stream comes through as the transport's timeout.
-    errors = require("instructor.exceptions", "instructor is not installed")
+    errors = require("instructor.core", "instructor is not installed")
     error = errors.InstructorRetryException if not stall.mid_stream else stallproof.TimeoutException
     with stopwatch() as elapsed, pytest.raises(error) as info:
         await run(structured, stall.stream)
