@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
@@ -109,13 +109,13 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def attempts(fault_server: Any) -> Iterator[Any]:
+def attempts(fault_server: Any) -> Any:
     """``attempts(scope)``: how many requests the server saw with the scope's key."""
 
     def count(scope: Any) -> int:
         return int(fault_server.key_stats(scope.key).requests)
 
-    yield count
+    return count
 
 
 class Stall:
@@ -137,8 +137,6 @@ class Stall:
 # No byte after the headers; keep-alive comments and never a token; a stream cut off after
 # two tokens with the socket held open.
 HALF_OPEN = Stall("half_open", stream=False, bound="first_token", mid_stream=False)
-KEEPALIVE = Stall(
-    "sse_keepalive", stream=True, bound="first_token", mid_stream=False, interval=0.1
-)
+KEEPALIVE = Stall("sse_keepalive", stream=True, bound="first_token", mid_stream=False, interval=0.1)
 SSE_STALL = Stall("sse_stall", stream=True, bound="idle", mid_stream=True, after=2)
 STALLS = [HALF_OPEN, KEEPALIVE, SSE_STALL]

@@ -72,9 +72,12 @@ async def test_deadline_bounds_the_step_with_dspys_retries(
     # The deadline over the step ends all of it.
     lm = recipe(dspy, HALF_OPEN.url(fault_scope), num_retries=3)
     step = 2.0
-    with stopwatch() as elapsed, pytest.raises(stallproof.DeadlineExceeded) as info:
-        with stallproof.deadline(step, name="dspy step"):
-            await lm.acall("hello there")
+    with (
+        stopwatch() as elapsed,
+        pytest.raises(stallproof.DeadlineExceeded) as info,
+        stallproof.deadline(step, name="dspy step"),
+    ):
+        await lm.acall("hello there")
     assert elapsed[0] <= step + LATE
     assert "dspy step" in str(info.value)
     assert attempts(fault_scope) >= 2  # dspy did retry, inside the step's budget

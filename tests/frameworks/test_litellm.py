@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-
 from ..conftest import stopwatch
 from .conftest import (
     BUDGET,
@@ -27,7 +26,9 @@ pytestmark = [
     pytest.mark.frameworks,
     pytest.mark.anyio,
     # litellm's stream chunks use a TypedDict pydantic warns about, on every stream.
-    pytest.mark.filterwarnings("ignore:Item '.*' on TypedDict class .* is using the .ReadOnly. qualifier:UserWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:Item '.*' on TypedDict class .* is using the .ReadOnly. qualifier:UserWarning"
+    ),
 ]
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
