@@ -140,3 +140,7 @@ HALF_OPEN = Stall("half_open", stream=False, bound="first_token", mid_stream=Fal
 KEEPALIVE = Stall("sse_keepalive", stream=True, bound="first_token", mid_stream=False, interval=0.1)
 SSE_STALL = Stall("sse_stall", stream=True, bound="idle", mid_stream=True, after=2)
 STALLS = [HALF_OPEN, KEEPALIVE, SSE_STALL]
+# A stall mid-stream reaches the caller as the transport's timeout (a
+# stallproof.TimeoutException that is also an httpx2.TimeoutException) through openai < 3.4,
+# which lets it through its stream iterator; later 3.x wrap it in APITimeoutError.
+MID_STREAM: tuple[type[Exception], ...] = (openai.APITimeoutError, stallproof.TimeoutException)

@@ -7,10 +7,18 @@ from typing import Any
 import openai
 import pytest
 
-import stallproof
-
 from ..conftest import stopwatch
-from .conftest import BUDGET, LATE, MODEL, STALLS, Hardened, Stall, require, stallproof_cause
+from .conftest import (
+    BUDGET,
+    LATE,
+    MID_STREAM,
+    MODEL,
+    STALLS,
+    Hardened,
+    Stall,
+    require,
+    stallproof_cause,
+)
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.anyio]
 
@@ -51,7 +59,7 @@ async def test_stall_ends_within_budget(
     agents: Any, hardened: Hardened, fault_scope: Any, attempts: Any, stall: Stall
 ) -> None:
     agent = recipe(agents, hardened.openai(stall.url(fault_scope)))
-    error = openai.APITimeoutError if not stall.mid_stream else stallproof.TimeoutException
+    error = openai.APITimeoutError if not stall.mid_stream else MID_STREAM
     with stopwatch() as elapsed, pytest.raises(error) as info:
         await run(agents, agent, stall.stream)
     assert elapsed[0] <= BUDGET.total + LATE
