@@ -3,14 +3,24 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The framework recipes (docs/frameworks.md) get a venv of their own: their heavy installs
+# pin openai < 3.4 (instructor), which the main suite and `make demo` should not inherit.
+FW_VENV := .venv-frameworks
+FW_STAMP := $(FW_VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test test-frameworks lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+$(FW_STAMP): pyproject.toml
+	$(PY) -m venv $(FW_VENV)
+	$(FW_VENV)/bin/pip install --quiet --upgrade pip
+	$(FW_VENV)/bin/pip install --quiet -e '.[test,frameworks]'
+	touch $(FW_STAMP)
 
 ## The proof: many agents, many rounds, random faults, zero hangs.
 demo: $(STAMP)
@@ -19,6 +29,11 @@ demo: $(STAMP)
 ## The whole test suite (what CI runs).
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+## The recipe per framework (openai-agents, pydantic-ai, langchain, autogen, litellm, dspy,
+## instructor, llama-index) against the fault server, in their own venv.
+test-frameworks: $(FW_STAMP)
+	$(FW_VENV)/bin/python -m pytest -m frameworks tests/frameworks
 
 lint: $(STAMP)
 	$(BIN)/ruff check src fault_server tests benchmarks scripts
@@ -31,4 +46,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FW_VENV) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -11,6 +11,10 @@ Phase A  32 agents hold 5-round conversations that grow every round, all through
          its budget + 0.5 s counts as hung.
 Phase B  One call per fault and mode through plain ``httpx.AsyncClient`` with the same
          per-phase timeouts, capped by a watchdog, to show which of them would have hung.
+Phase C  The openai SDK as people run it today (``openai.AsyncOpenAI(timeout=5)``, its
+         default retries) next to the same SDK hardened (stallproof's engine as its
+         ``http_client``, the 3 s budget, no SDK retries), one call each per stall, all at
+         once under the same kind of watchdog.
 
 Exit status 1 if any stallproof call hung, ran more than 0.1 s over its budget, or raised an
 error outside stallproof's exception tree.
@@ -33,6 +37,7 @@ from typing import Any
 
 import anyio
 import httpx
+import openai
 
 import fault_server
 import stallproof
@@ -49,6 +54,9 @@ WATCHDOG = 5.0
 # Phase B: the same per-phase bounds in httpx's terms, and its watchdog.
 HTTPX_TIMEOUT = httpx.Timeout(connect=1, read=2, write=2, pool=2)
 HTTPX_WATCHDOG = 8.0
+# Phase C: the openai SDK as it is usually configured, and its watchdog.
+SDK_TIMEOUT = 5.0
+SDK_WATCHDOG = 8.0
 # A body cap well under what huge_body sends, so that fault ends in milliseconds.
 LIMITS = stallproof.Limits(max_response_bytes=4 * 1024 * 1024)
 HUGE = 8 * 1024 * 1024
@@ -269,6 +277,14 @@ async def timed(
 
 
 def _name(e: BaseException) -> str:
+    if isinstance(e.__cause__, stallproof.StallproofError) and not isinstance(
+        e, stallproof.StallproofError
+    ):  # an SDK's own error for one of ours: name both
+        return f"{_name_of(e)}({type(e.__cause__).__name__})"
+    return _name_of(e)
+
+
+def _name_of(e: BaseException) -> str:
     module = type(e).__module__
     if module.startswith("stallproof"):
         return type(e).__name__
@@ -434,6 +450,114 @@ async def phase_b(url: str, blackhole_url: str, tty: bool, seed: int) -> list[Ou
     return outcomes
 
 
+# -- phase C: the openai SDK, as people run it and hardened ----------------------------------
+
+# (label, X-Fault spec, stream): one healthy call, then stalls that per-phase timeouts miss.
+SDK_ROWS = (
+    ("healthy", "healthy;tokens=24", False),
+    ("half_open", f"half_open;hold={HOLD:g}", False),
+    ("trickle_body", f"trickle_body;interval=0.5;hold={HOLD:g}", False),
+    ("sse_keepalive", f"sse_keepalive;interval=0.5;hold={HOLD:g}", True),
+    ("sse_empty_deltas", f"sse_empty_deltas;interval=0.3;hold={HOLD:g}", True),
+    ("sse_stall", f"sse_stall;after=2;hold={HOLD:g}", True),
+)
+PLAIN, HARDENED = "openai SDK, timeout=5", "same SDK + stallproof"
+
+
+def sdk_clients(url: str) -> tuple[openai.AsyncOpenAI, openai.AsyncOpenAI]:
+    """The SDK as people configure it, and the same SDK with stallproof's engine under it.
+    (With the SDK face, the second is ``stallproof.openai.AsyncOpenAI(..., timeout=BUDGET)``.)"""
+    plain = openai.AsyncOpenAI(base_url=url, api_key="demo", timeout=SDK_TIMEOUT)
+    hardened = openai.AsyncOpenAI(
+        base_url=url,
+        api_key="demo",
+        http_client=stallproof.http_client2(timeout=BUDGET, limits=LIMITS),
+        max_retries=0,  # the engine retries inside the budget; the SDK's would restart it
+    )
+    return plain, hardened
+
+
+async def sdk_call(client: openai.AsyncOpenAI, messages: list[Any], spec: str, stream: bool) -> str:
+    headers = {"X-Fault": spec}
+    if not stream:
+        resp = await client.chat.completions.create(
+            model=MODEL, messages=messages, extra_headers=headers
+        )
+        return resp.choices[0].message.content or ""
+    parts: list[str] = []
+    chunks = await client.chat.completions.create(
+        model=MODEL, messages=messages, stream=True, extra_headers=headers
+    )
+    async with chunks:
+        async for chunk in chunks:
+            parts.extend(c.delta.content or "" for c in chunk.choices)
+    return "".join(parts)
+
+
+async def phase_c(url: str, tty: bool) -> list[Outcome]:
+    """Each row once through each client, everything at once: the phase takes one watchdog."""
+    messages: list[Any] = [{"role": "user", "content": "now save the summary."}]
+    progress = Progress("phase C, openai SDK", 2 * len(SDK_ROWS))
+    outcomes: list[Outcome] = []
+    plain, hardened = sdk_clients(url)
+
+    async def one(
+        client: openai.AsyncOpenAI, who: str, label: str, spec: str, stream: bool
+    ) -> None:
+        async def call() -> str:
+            return await sdk_call(client, messages, spec, stream)
+
+        outcome = await timed(f"{who}|{label}", stream, progress, call, SDK_WATCHDOG)
+        outcomes.append(outcome)
+
+    async with plain, hardened, anyio.create_task_group() as outer:
+        outer.start_soon(show_progress, progress, tty)
+        async with anyio.create_task_group() as tg:
+            for label, spec, stream in SDK_ROWS:
+                tg.start_soon(one, plain, PLAIN, label, spec, stream)
+                tg.start_soon(one, hardened, HARDENED, label, spec, stream)
+        progress.finished = True
+    return outcomes
+
+
+def report_c(outcomes: Sequence[Outcome]) -> tuple[int, int]:
+    """Print phase C's table; return how many calls of each client hung or ended late,
+    each against the limit its user set (5 s for the plain SDK, the 3 s budget for ours)."""
+    by = {o.label: o for o in outcomes}
+    limits = {PLAIN: SDK_TIMEOUT, HARDENED: BUDGET.total}
+
+    def bad(o: Outcome, limit: float) -> bool:
+        return o.result == HUNG or o.elapsed > limit + LATE_AFTER
+
+    def cell(o: Outcome, limit: float) -> str:
+        if o.result == HUNG:
+            return f"HUNG, stopped by the watchdog at {o.elapsed:.1f}s"
+        return f"{o.result} {o.elapsed:.2f}s" + (" LATE" if bad(o, limit) else "")
+
+    rows = []
+    count = {PLAIN: 0, HARDENED: 0}
+    for label, _spec, stream in SDK_ROWS:
+        row = [label, "stream" if stream else "call"]
+        for who, limit in limits.items():
+            o = by[f"{who}|{label}"]
+            row.append(cell(o, limit))
+            count[who] += bad(o, limit)
+        rows.append(row)
+    rows.append(["", "", *(f"{count[who]} hung or late" for who in limits)])
+    print(
+        f"\nPhase C: the openai SDK as people run it (AsyncOpenAI(timeout={SDK_TIMEOUT:g}), "
+        f"its default retries) and the same SDK with stallproof's engine as its http_client "
+        f"(budget {BUDGET.total:g}s, max_retries=0); watchdog {SDK_WATCHDOG:g}s per call"
+    )
+    print(_table(["fault", "mode", PLAIN, HARDENED], rows, right=set()))
+    print(
+        "late: past the limit its caller set (the plain SDK's timeout, stallproof's budget). "
+        "(cause) is the stallproof error\nbehind the SDK's own; the plain SDK's timeout "
+        "restarts with every byte and every retry."
+    )
+    return count[PLAIN], count[HARDENED]
+
+
 # -- reports -------------------------------------------------------------------------------
 
 
@@ -564,9 +688,12 @@ async def main(args: argparse.Namespace) -> int:
         )
         a = await phase_a(url, srv.blackhole_url, plans, tty)
         b: list[Outcome] = []
+        c: list[Outcome] = []
         if not args.no_baseline:
             print(f"Phase B: one call per fault and mode ({2 * len(MIX)}) through plain httpx")
             b = await phase_b(url, srv.blackhole_url, tty, args.seed)
+            print(f"Phase C: the openai SDK, plain and hardened, {len(SDK_ROWS)} faults")
+            c = await phase_c(url, tty)
     hung, late, untyped, worst = report_a(a)
     healthy = [o for o in a if o.label.startswith("healthy")]
     summary = (
@@ -581,8 +708,15 @@ async def main(args: argparse.Namespace) -> int:
     if b:
         would = report_b(b)
         summary += f" | httpx: {would} of {len(b)} would have hung"
+    sdk_bad = 0
+    if c:
+        plain_bad, sdk_bad = report_c(c)
+        summary += (
+            f" | openai SDK: {plain_bad} of {len(SDK_ROWS)} hung or late, "
+            f"hardened {sdk_bad} of {len(SDK_ROWS)}"
+        )
     print(f"\n{summary}  ({time.monotonic() - t0:.0f}s)")
-    return 1 if hung or late or untyped else 0
+    return 1 if hung or late or untyped or sdk_bad else 0
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -591,7 +725,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="rounds per agent (default 5)")
     p.add_argument("--seed", type=int, default=7, help="seed of the fault mix (default 7)")
     p.add_argument(
-        "--no-baseline", action="store_true", help="skip phase B (plain httpx for comparison)"
+        "--no-baseline",
+        action="store_true",
+        help="skip phases B and C (plain httpx and the plain openai SDK, for comparison)",
     )
     p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     args = p.parse_args(argv)

@@ -47,7 +47,7 @@ async def test_status_error_is_openais_with_its_attributes(
     assert KEY not in str(e) and KEY not in repr(e)
 
 
-async def test_a_bound_is_openais_timeout_and_a_builtin_timeout(
+async def test_a_bound_is_openais_timeout_not_a_builtin_one(
     fault_server: Any, make_client: Any
 ) -> None:
     client = make_client(fault_server.url("stall_headers", hold=5))
@@ -55,9 +55,9 @@ async def test_a_bound_is_openais_timeout_and_a_builtin_timeout(
         await client.chat.completions.create(model="m", messages=MSGS, timeout=0.5)
     assert elapsed[0] <= 0.5 + MARGIN
     assert isinstance(info.value, stallproof.TotalTimeout)
-    assert isinstance(info.value, TimeoutError) and isinstance(
-        info.value, openai.APIConnectionError
-    )
+    assert isinstance(info.value, openai.APIConnectionError)
+    # Not asyncio's: `asyncio.wait_for` callers would take it for their own timer.
+    assert not isinstance(info.value, TimeoutError)
     assert info.value.request.url.path.endswith("/chat/completions")
 
 

@@ -35,7 +35,7 @@ Each class is also the openai SDK's class for the same failure, so code written 
 
 | stallproof                          | also an instance of                                  |
 |-------------------------------------|------------------------------------------------------|
-| `TimeoutException` (every bound)    | ``openai.APITimeoutError`` and builtin `TimeoutError` |
+| `TimeoutException` (every bound)    | ``openai.APITimeoutError`` (not the builtin, see below) |
 | `TransportError`, `CircuitOpen`     | ``openai.APIConnectionError``                        |
 | `TruncatedResponse`, `ResponseTooLarge` | ``openai.APIConnectionError`` (*)              |
 | `ProtocolError`, `StreamErrorEvent` | ``openai.APIError``                                  |
@@ -180,10 +180,13 @@ class StallproofError(Exception):
         return " ".join(parts) if len(parts) == 1 else f"{parts[0]} ({', '.join(parts[1:])})"
 
 
-class TimeoutException(StallproofError, openai.APITimeoutError, TimeoutError):
+class TimeoutException(StallproofError, openai.APITimeoutError):
     """A bound fired. ``bound`` names it; ``limit`` is its configured value in seconds.
 
-    Also an ``openai.APITimeoutError`` and a builtin `TimeoutError`.
+    Also an ``openai.APITimeoutError``, as openai's and httpx's timeouts are, and for the
+    same reason *not* a builtin `TimeoutError` (``asyncio.TimeoutError``): code that wraps
+    a read in ``asyncio.wait_for(..., 120)`` (langchain-openai does) catches that as its
+    own timer firing and would report our 0.5 s idle bound as "no chunk for 120 s".
     """
 
     bound: str = "total"

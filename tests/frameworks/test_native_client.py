@@ -1,4 +1,4 @@
-"""Agent frameworks take `stallproof.Client` where they take an ``openai.AsyncOpenAI``.
+"""Agent frameworks take `stallproof.Client` itself where they take an ``openai.AsyncOpenAI``.
 
 pydantic-ai and openai-agents drive the client with their own arguments (``NOT_GIVEN``
 defaults, ``extra_headers``, ``stream_options``), check results against openai's types and
@@ -15,9 +15,9 @@ import pytest
 
 import stallproof
 
-from .conftest import MARGIN, assert_pool_clean, stopwatch
+from ..conftest import MARGIN, assert_pool_clean, stopwatch
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.frameworks, pytest.mark.anyio]
 
 
 @pytest.fixture
@@ -40,7 +40,11 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 async def test_pydantic_ai(fault_server: Any, make_client: Any) -> None:
     from pydantic_ai import Agent
-    from pydantic_ai.exceptions import ModelTimeoutError
+
+    try:
+        from pydantic_ai.exceptions import ModelTimeoutError
+    except ImportError:  # before pydantic-ai 2.39 it is a ModelAPIError, with ours behind
+        from pydantic_ai.exceptions import ModelAPIError as ModelTimeoutError
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
