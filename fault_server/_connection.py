@@ -160,6 +160,8 @@ class Connection:
     async def _next_event(self, deadline: float, *, idle: bool = False) -> h11.Event:
         while True:
             try:
+                if idle:
+                    _check_head_size(self._conn)
                 event = self._conn.next_event()
             except h11.RemoteProtocolError as exc:
                 await self._answer_broken_request(exc)
@@ -466,6 +468,24 @@ class Connection:
         except asyncio.CancelledError:
             transport.abort()
             raise
+
+
+def _check_head_size(conn: h11.Connection) -> None:
+    """Refuse a request head longer than `_MAX_HEAD` bytes, blank line included.
+
+    h11's own limit (``max_incomplete_event_size``) looks only at an incomplete head, so a
+    longer head that arrived whole with the bytes read after it (up to ~2 x 64 KiB) passed.
+
+    Raises:
+        h11.RemoteProtocolError: with status hint 431.
+    """
+    buffered, _ = conn.trailing_data
+    if len(buffered) <= _MAX_HEAD:
+        return
+    if buffered.find(b"\n\n", 0, _MAX_HEAD) < 0 and buffered.find(b"\n\r\n", 0, _MAX_HEAD) < 0:
+        raise h11.RemoteProtocolError(
+            f"request head larger than {_MAX_HEAD} bytes", error_status_hint=431
+        )
 
 
 def _lenient_chat(body: bytes) -> ChatRequest | None:

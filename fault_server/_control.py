@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from ._faults import FAULTS, GENERIC_PARAMS, FaultSpecError, ParamInfo
+from ._json_depth import loads as loads_limited
 from ._mix import Mix
 from ._openai import Whole, error
 from ._scenarios import Rule
@@ -212,7 +213,7 @@ def _body(body: bytes) -> Any:
     if not body.strip():
         return None
     try:
-        return json.loads(body)
+        return loads_limited(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _Bad(f"the body is not valid JSON: {exc}") from None
 

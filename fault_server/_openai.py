@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ._json_depth import loads as loads_limited
+
 __all__ = [
     "DONE",
     "MODELS",
@@ -116,7 +118,7 @@ def parse_chat(body: bytes) -> ChatRequest:
         RequestError: the body is not JSON, or a field has the wrong type.
     """
     try:
-        data = json.loads(body)
+        data = loads_limited(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):

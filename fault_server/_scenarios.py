@@ -167,9 +167,11 @@ class Rule:
             )
         if "fault" not in data:
             raise FaultSpecError("a scenario needs 'fault', a spec like 'status;code=503'")
-        match = data.get("match") or {}
-        if not isinstance(match, dict):
-            raise FaultSpecError(f"'match' must be a JSON object, got {match!r}")
+        match = data.get("match")
+        if match is None:  # absent or null: every request, like an empty object.
+            match = {}
+        if not isinstance(match, dict):  # "" or [] or false would silently match everything.
+            raise FaultSpecError(f"'match' must be a JSON object or null, got {match!r}")
         fields = {"key", "path", "method", "stream", "model"}
         if set(match) - fields:
             raise FaultSpecError(

@@ -14,6 +14,7 @@ from typing import Any
 
 from ._answer import Frames, frame_json, is_done
 from ._exchange import Exchange, Outcome
+from ._json_depth import loads as loads_limited
 from ._openai import DONE, Whole, error
 from ._sending import Behaviour, healthy, send_frames
 from ._tools import (
@@ -242,7 +243,7 @@ def _null_usage(frame: bytes) -> bytes:
 
 def _json(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return loads_limited(body)
     except ValueError:
         return None
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ._answer import Frames, UpstreamBroken, frame_json
+from ._json_depth import loads as loads_limited
 from ._openai import ChatRequest, Whole, error
 
 __all__ = ["Upstream", "UpstreamFrames", "UpstreamSource", "check_upstream_url"]
@@ -240,7 +241,7 @@ class UpstreamFrames(Frames):
 
 def _with_stream(body: bytes, stream: bool) -> bytes:
     try:
-        data = json.loads(body)
+        data = loads_limited(body)
     except ValueError:
         return body
     if not isinstance(data, dict):
