@@ -15,40 +15,43 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
+import os
 import signal
 import sys
 import textwrap
 from collections.abc import Sequence
 
 from ._control import catalogue
-from ._server import FaultServer
+from ._server import MAX_CONNECTIONS, FaultServer
 
-__all__ = ["main"]
+__all__ = ["MODES", "TOKEN_ENV", "main"]
+
+MODES = ("serve", "proxy")
+TOKEN_ENV = "FAULT_SERVER_CONTROL_TOKEN"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, then list the faults or serve until a signal. Returns the exit code."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    proxy = bool(args_list) and args_list[0] == "proxy"
-    if proxy:
-        args_list = args_list[1:]
     parser = argparse.ArgumentParser(
-        prog="fault-server proxy" if proxy else "fault-server",
-        description=(
-            "Forward to a real OpenAI-compatible server and inject faults into its answers."
-            if proxy
-            else "An OpenAI-compatible server that misbehaves on request. "
-            "'fault-server proxy --upstream URL' puts the faults in front of a real one."
-        ),
+        prog="fault-server",
+        description="An OpenAI-compatible server that misbehaves on request.",
         epilog="Select a fault with a base_url like "
         "http://127.0.0.1:8000/fault/trickle_body;interval=0.5/v1 or an "
         "'X-Fault: name;k=v' header. See --list.",
     )
     parser.add_argument(
+        "mode",
+        nargs="?",
+        choices=MODES,
+        default="serve",
+        help="serve: made-up answers (the default); proxy: forward to --upstream, a real "
+        "OpenAI-compatible server, and inject the faults into its answers. "
+        "Flags may come before or after it.",
+    )
+    parser.add_argument(
         "--upstream",
-        required=proxy,
         default=None,
-        help="base URL of the real server, with /v1 (proxy mode)",
+        help="base URL of the real server, with /v1 (proxy mode; required by it)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
@@ -65,8 +68,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=30.0,
         help="most seconds any fault keeps a connection (default: %(default)s)",
     )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help="most connections served at once; more wait in the backlog (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--control-token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"require this token on the /_fault/ control API (default: ${TOKEN_ENV}, which "
+        "keeps it out of the process list)",
+    )
     parser.add_argument("--list", action="store_true", help="print the fault catalogue and exit")
-    args = parser.parse_args(args_list)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.mode == "proxy" and args.upstream is None:
+        parser.error("proxy mode needs --upstream URL")
     if args.list:
         print(_format_catalogue())
         return 0
@@ -78,7 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     try:
         server = FaultServer(
-            host=args.host, port=args.port, max_hold=args.max_hold, upstream=args.upstream
+            host=args.host,
+            port=args.port,
+            max_hold=args.max_hold,
+            upstream=args.upstream,
+            max_connections=args.max_connections,
+            control_token=args.control_token,
         )
     except ValueError as exc:
         parser.error(str(exc))

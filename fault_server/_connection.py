@@ -205,7 +205,8 @@ class Connection:
             body = await self._read_body(deadline)
             if body is None:
                 return Outcome.CLOSE
-            return await self._send(control(method, path, query, body, self._state), request_id)
+            answer = control(method, path, query, body, self._state, request.headers)
+            return await self._send(answer, request_id)
         self._counters.request()
         log = self._current = self._log.request(method, path)
         log.request_id = self._header(b"x-request-id")

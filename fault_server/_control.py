@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -42,8 +42,18 @@ class _Bad(Exception):
     """A control request that cannot be applied; its message goes into the 400."""
 
 
-def control(method: str, path: str, query: str, body: bytes, state: ServerState) -> Whole:
-    """Answer one control request."""
+def control(
+    method: str,
+    path: str,
+    query: str,
+    body: bytes,
+    state: ServerState,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> Whole:
+    """Answer one control request, unless `ControlGuard` refuses it (``headers`` are its)."""
+    refusal = state.guard.refusal(method, body, headers)
+    if refusal is not None:
+        return refusal
     methods = _ROUTES.get(path)
     if methods is None:
         known = ", ".join(_ROUTES)

@@ -13,6 +13,7 @@ be nested deeper, and those with more are walked once, iteratively, after decodi
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["MAX_DEPTH", "JSONTooDeep", "loads"]
@@ -53,6 +54,7 @@ def _check_depth(value: Any) -> None:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(item, dict):
             children = item.values()
         elif isinstance(item, list):

@@ -18,7 +18,7 @@ from ._journal import ConnectionRecord
 from ._mix import Mix
 from ._scenarios import Rule
 from ._scope import FaultScope
-from ._server import FaultServer
+from ._server import MAX_CONNECTIONS, FaultServer
 from ._stats import KeyStats, ServerStats
 from ._verdict import Verdict
 
@@ -32,7 +32,8 @@ class ServerThread:
     """A handle on a `FaultServer` that runs in a daemon thread; same URLs and stats.
 
     Args:
-        host, port, max_hold, upstream: as for `FaultServer`.
+        host, port, max_hold, upstream, max_connections, control_token: as for
+            `FaultServer`.
 
     Example:
         >>> with fault_server.running() as srv:  # doctest: +SKIP
@@ -46,8 +47,17 @@ class ServerThread:
         max_hold: float = 30.0,
         *,
         upstream: str | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        control_token: str | None = None,
     ) -> None:
-        self._server = FaultServer(host=host, port=port, max_hold=max_hold, upstream=upstream)
+        self._server = FaultServer(
+            host=host,
+            port=port,
+            max_hold=max_hold,
+            upstream=upstream,
+            max_connections=max_connections,
+            control_token=control_token,
+        )
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -253,6 +263,8 @@ def running(
     max_hold: float = 30.0,
     *,
     upstream: str | None = None,
+    max_connections: int = MAX_CONNECTIONS,
+    control_token: str | None = None,
 ) -> Iterator[ServerThread]:
     """Run a `FaultServer` in a daemon thread for the duration of a ``with`` block.
 
@@ -260,7 +272,14 @@ def running(
         >>> with running(port=0) as srv:  # doctest: +SKIP
         ...     httpx.get(srv.url() + "/models")
     """
-    thread = ServerThread(host=host, port=port, max_hold=max_hold, upstream=upstream)
+    thread = ServerThread(
+        host=host,
+        port=port,
+        max_hold=max_hold,
+        upstream=upstream,
+        max_connections=max_connections,
+        control_token=control_token,
+    )
     thread.start()
     try:
         yield thread

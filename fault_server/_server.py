@@ -13,6 +13,7 @@ import anyio
 
 from ._blackhole import Blackhole
 from ._connection import Connection
+from ._control_guard import ControlGuard
 from ._faults import FaultSpec, ParamValue
 from ._journal import ConnectionRecord
 from ._mix import Mix
@@ -28,6 +29,7 @@ __all__ = ["FaultServer"]
 logger = logging.getLogger("fault_server")
 
 _SHUTDOWN = 0.5  # bounds how long aclose() waits for cancelled connections to finish.
+MAX_CONNECTIONS = 20_000  # the default cap on connections served at once.
 _BACKLOG = 4096  # Linux's default somaxconn: bursts of connects are queued, not dropped.
 
 
@@ -46,10 +48,15 @@ class FaultServer:
         upstream: proxy mode: the base URL (``http://host:port/v1``) of a real
             OpenAI-compatible server whose answers the faults deliver, instead of the
             answers the server makes up.
+        max_connections: most connections served at once; past it the server stops
+            accepting until one closes, and new clients wait in the kernel's backlog.
+        control_token: if given, every ``/_fault/`` control request over HTTP must carry it
+            (``Authorization: Bearer <token>`` or ``X-Fault-Token``); see `ControlGuard`.
 
     Raises:
         ValueError: for a port outside 0..65535, a max_hold that is not a positive number,
-            or an upstream that is not an http(s) URL.
+            an upstream that is not an http(s) URL, a max_connections below 1, or a
+            control_token that is empty or not printable ASCII.
 
     Example:
         >>> async with FaultServer() as srv:  # doctest: +SKIP
@@ -63,6 +70,8 @@ class FaultServer:
         max_hold: float = 30.0,
         *,
         upstream: str | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        control_token: str | None = None,
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an integer in 0..65535, got {port!r}")
@@ -76,8 +85,17 @@ class FaultServer:
         self._host = host
         self._port = port
         self._max_hold = float(max_hold)
+        if (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or max_connections < 1
+        ):
+            raise ValueError(f"max_connections must be an integer >= 1, got {max_connections!r}")
+        self._max_connections = max_connections
         self._state = ServerState(
-            self._max_hold, upstream=None if upstream is None else Upstream(upstream)
+            self._max_hold,
+            upstream=None if upstream is None else Upstream(upstream),
+            guard=ControlGuard(control_token),
         )
         self._counters = self._state.counters
         self._server: asyncio.Server | None = None

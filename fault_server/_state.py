@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ._control_guard import ControlGuard
 from ._journal import Journal
 from ._mix import MixState
 from ._scenarios import Scenarios
@@ -23,6 +24,7 @@ class ServerState:
     scenarios: Scenarios = field(default_factory=Scenarios)
     mix: MixState = field(default_factory=MixState)
     upstream: Upstream | None = None
+    guard: ControlGuard = field(default_factory=ControlGuard)
 
     def reset(self) -> None:
         """Zero the counts, restart the sequences and the mix's draws, empty the journal."""

@@ -773,7 +773,7 @@ def test_stats_and_reset(own: ServerThread, fault_key: str) -> None:
         assert client.get(own.base_url + "/_fault/list").json()["faults"][0]["name"] == "healthy"
         stats = own.stats()
         assert (stats.connections_accepted, stats.connections_open, stats.requests) == (1, 1, 2)
-        assert client.post(own.base_url + "/_fault/reset").json()["requests"] == 0
+        assert client.post(own.base_url + "/_fault/reset", json={}).json()["requests"] == 0
     assert own.key_stats(fault_key) == KeyStats()
     deadline = time.monotonic() + 2
     while own.stats().connections_open and time.monotonic() < deadline:
