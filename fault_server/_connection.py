@@ -26,6 +26,7 @@ import h11
 
 from ._answer import LocalSource, UpstreamBroken
 from ._behaviours import BEHAVIOURS
+from ._bounded import SeenKeys
 from ._control import PREFIX, control
 from ._exchange import Exchange, Outcome, PeerGone, PeerWatcher, Source, whole_bytes
 from ._faults import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
@@ -73,7 +74,7 @@ class Connection:
         self._max_hold = state.max_hold
         self._log = log
         self._conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
-        self._keys_seen: set[tuple[int, str]] = set()
+        self._keys_seen = SeenKeys()
         self._request: h11.Request | None = None
         self._current: RequestLog | None = None  # the journal entry of the request being read.
 

@@ -12,8 +12,9 @@ for rules that carry an ``id`` (a rule with a known id replaces the old one).
 | ``GET /_fault/list`` | the catalogue |
 | ``GET/PUT/POST/DELETE /_fault/scenarios`` | read, replace, add to, clear the rules |
 | ``GET/PUT/DELETE /_fault/mix`` | read, set, clear the seeded mix |
-| ``GET /_fault/journal`` | what each connection did |
+| ``GET /_fault/journal`` | what each connection did, a page at a time |
 | ``GET /_fault/verdict`` | how the client behaved |
+| ``POST /_fault/forget`` | drop everything kept for a key |
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ __all__ = ["PREFIX", "catalogue", "control"]
 
 PREFIX = "/_fault/"
 _FILTERS = ("key", "request_id", "idempotency_key")
+PAGE = 1000  # requests in a journal page, by default: a page costs the loop about a ms.
+MAX_PAGE = 10_000
 
 
 class _Bad(Exception):
@@ -155,9 +158,42 @@ def _delete_mix(state: ServerState, params: dict[str, str], data: Any) -> object
 
 
 def _journal(state: ServerState, params: dict[str, str], data: Any) -> object:
-    _only(params, _FILTERS)
-    records = state.journal.snapshot(**params)
-    return {"connections": [r.as_dict() for r in records]}
+    """One page: ``limit`` requests (1000 by default) past the cursor ``after``."""
+    _only(params, (*_FILTERS, "after", "limit"))
+    after = _cursor(params.pop("after", None))
+    limit = _limit(params.pop("limit", None))
+    records, cursor = state.journal.page(params, after, limit)
+    return {
+        "connections": [r.as_dict() for r in records],
+        "next": None if cursor is None else f"{cursor[0]}.{cursor[1]}",
+    }
+
+
+def _forget(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ())
+    if not isinstance(data, dict) or set(data) != {"key"}:
+        raise _Bad('the body must be {"key": K}')
+    key = data["key"]
+    if not isinstance(key, str) or not key:
+        raise _Bad(f"'key' must be a non-empty string, got {key!r}")
+    return {"forgot": state.forget(key)}
+
+
+def _cursor(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    conn, dot, index = text.partition(".")
+    if not (dot and conn.isdigit() and index.isdigit()):
+        raise _Bad(f"'after' must be the 'next' of a previous page, like '12.3', got {text!r}")
+    return int(conn), int(index)
+
+
+def _limit(text: str | None) -> int:
+    if text is None:
+        return PAGE
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
+        raise _Bad(f"'limit' must be an integer from 1 to {MAX_PAGE}, got {text!r}")
+    return int(text)
 
 
 def _verdict(state: ServerState, params: dict[str, str], data: Any) -> object:
@@ -180,6 +216,7 @@ _ROUTES: dict[str, dict[str, Handler]] = {
     "/_fault/mix": {"GET": _get_mix, "PUT": _put_mix, "DELETE": _delete_mix},
     "/_fault/journal": {"GET": _journal},
     "/_fault/verdict": {"GET": _verdict},
+    "/_fault/forget": {"POST": _forget},
 }
 
 

@@ -251,6 +251,10 @@ class ServerThread:
         """As `FaultServer.verdict`."""
         return self._server.verdict(key, request_id=request_id, idempotency_key=idempotency_key)
 
+    def forget(self, key: str) -> dict[str, int]:
+        """As `FaultServer.forget`."""
+        return self._server.forget(key)
+
     def scope(self, key: str) -> FaultScope:
         """As `FaultServer.scope`."""
         return FaultScope(self, key)

@@ -390,6 +390,12 @@ class FaultServer:
             raise ValueError("verdict() needs a key, a request_id or an idempotency_key")
         return judge(self.journal(key, request_id=request_id, idempotency_key=idempotency_key))
 
+    def forget(self, key: str) -> dict[str, int]:
+        """Drop everything the server keeps for ``key``: its journal entries, its counts
+        (its ``first=N`` sequence starts over), its mix draws and its rules. Safe from any
+        thread. Returns how many ``requests``, ``counts``, ``rules`` and ``draws`` went."""
+        return self._state.forget(key)
+
     def scope(self, key: str) -> FaultScope:
         """A `FaultScope`: URLs, scenarios, stats and verdicts for one key."""
         return FaultScope(self, key)
