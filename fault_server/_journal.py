@@ -8,9 +8,9 @@ objects whose fields are plain assignments.
 
 It is bounded, and the oldest entries go first: at most `JournalLimits.requests` requests
 (100,000 by default), `JournalLimits.connections` connections (10,000) and
-`JournalLimits.bytes` (64 MiB) of estimated memory, entries and their text included (each
-request is charged `REQUEST_COST` bytes plus its strings, each connection `CONNECTION_COST`
-plus its peer; a test measures that the charge covers what the entries really take).
+`JournalLimits.bytes` (128 MiB) of charged memory, entries and their text included (a
+request is charged about 1 KiB, plus its strings and indexed values; see `REQUEST_COST`; a
+test measures that the charge covers what the entries really take).
 
 It is indexed: the requests of a key, an ``x-request-id`` or an ``Idempotency-Key`` are
 found without a scan, so a filtered query or a verdict costs O(matching requests), whatever
@@ -26,12 +26,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 __all__ = [
     "CONNECTION_COST",
+    "INDEX_COST",
     "REQUEST_COST",
+    "TEXT_COST",
     "ConnectionRecord",
     "ConnLog",
     "Journal",
@@ -41,10 +43,14 @@ __all__ = [
     "RequestRecord",
 ]
 
-# What one entry costs, text aside: the slotted entry, its floats and ints, and its places
-# in the containers and the indexes (measured with tracemalloc on CPython 3.11, rounded up).
-REQUEST_COST = 800
+# What an entry is charged, measured with tracemalloc on CPython 3.11 and rounded up: the
+# slotted entry with its floats and its places in the containers; each string, its length
+# plus `TEXT_COST`; each indexed value (key, x-request-id, Idempotency-Key) `INDEX_COST` more,
+# what a value of its own costs in the index. Real use stays below the charge (a test checks).
+REQUEST_COST = 500
 CONNECTION_COST = 600
+TEXT_COST = 50
+INDEX_COST = 350
 _FILTERS = ("key", "request_id", "idempotency_key")
 
 # How a request ended, as the server saw it.
@@ -99,7 +105,8 @@ class RequestRecord:
     outcome: RequestOutcome
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # by hand: dataclasses.asdict deep-copies, several times slower for a journal page.
+        return {name: getattr(self, name) for name in _REQUEST_FIELDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +139,13 @@ class ConnectionRecord:
     fault: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {name: getattr(self, name) for name in _CONNECTION_FIELDS}
         out["requests"] = [r.as_dict() for r in self.requests]
         return out
+
+
+_REQUEST_FIELDS = tuple(f.name for f in fields(RequestRecord))
+_CONNECTION_FIELDS = tuple(f.name for f in fields(ConnectionRecord))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +160,7 @@ class JournalLimits:
 
     requests: int = 100_000
     connections: int = 10_000
-    bytes: int = 64 * 1024 * 1024
+    bytes: int = 128 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in ("requests", "connections", "bytes"):
@@ -202,7 +213,7 @@ class RequestLog:
         self.bytes_sent = 0
         self.ended: float | None = None
         self.outcome: RequestOutcome = "running"
-        self.cost = REQUEST_COST + len(method) + len(path) + len(self._fault)
+        self.cost = REQUEST_COST + 3 * TEXT_COST + len(method) + len(path) + len(self._fault)
 
     @property
     def path(self) -> str:
@@ -337,7 +348,7 @@ class Journal:
             self._next_conn += 1
             log = ConnLog(self, self._next_conn, peer, self.now())
             self._conns[log.id] = log
-            self._bytes += CONNECTION_COST + len(peer)
+            self._bytes += CONNECTION_COST + TEXT_COST + len(peer)
             self._trim()
         return log
 
@@ -362,7 +373,7 @@ class Journal:
 
     def reindex(self, log: RequestLog, name: str, old: str | None, new: str | None) -> None:
         with self.lock:
-            delta = (len(new) if new else 0) - (len(old) if old else 0)
+            delta = _indexed_cost(new) - _indexed_cost(old)
             log.cost += delta
             if log.seq not in self._requests:
                 return
@@ -384,7 +395,10 @@ class Journal:
         """Forget one request (the lock is held)."""
         if self._requests.pop(log.seq, None) is None:
             return
-        log.conn.requests.pop(log.index, None)
+        conn = log.conn
+        conn.requests.pop(log.index, None)
+        if not conn.requests:
+            conn.requests = {}  # a dict keeps its table when emptied: let it go.
         for name in _FILTERS:
             value = log.value(name)
             if value is not None:
@@ -396,7 +410,7 @@ class Journal:
             self._drop_request(log)
         del self._conns[conn.id]
         conn.dropped = True
-        self._bytes -= CONNECTION_COST + len(conn.peer)
+        self._bytes -= CONNECTION_COST + TEXT_COST + len(conn.peer)
 
     def _trim(self) -> None:
         """Drop the oldest entries until every limit holds (the lock is held)."""
@@ -406,7 +420,11 @@ class Journal:
         while len(self._requests) > limits.requests or (
             self._bytes > limits.bytes and self._requests
         ):
-            self._drop_request(next(iter(self._requests.values())))
+            oldest = next(iter(self._requests.values()))
+            self._drop_request(oldest)
+            conn = oldest.conn
+            if conn.closed is not None and not conn.requests and not conn.dropped:
+                self._drop_connection(conn)  # closed, and all its requests are gone.
         while self._bytes > limits.bytes and len(self._conns) > 1:
             self._drop_connection(next(iter(self._conns.values())))
 
@@ -505,6 +523,10 @@ def _take_page(
         out.append((conn, logs))
         cursor = (conn.id, logs[-1].index if logs else 0)
     return out, None
+
+
+def _indexed_cost(value: str | None) -> int:
+    return 0 if value is None else len(value) + TEXT_COST + INDEX_COST
 
 
 def _filters(key: str | None, request_id: str | None, idempotency_key: str | None) -> Filters:

@@ -6,12 +6,19 @@ every read is bounded, so a server that never answers fails the test instead of 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import select
+import signal
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["Answer", "address", "http_request", "raw_exchange"]
+__all__ = ["Answer", "address", "cli_server", "http_request", "pipeline", "raw_exchange"]
 
 
 def address(url: str) -> tuple[str, int]:
@@ -71,3 +78,57 @@ def raw_exchange(base_url: str, data: bytes, seconds: float = 10.0) -> Answer:
         else:
             raise AssertionError(f"no end of answer within {seconds} s: {out[:200]!r}")
     return Answer(out)
+
+
+def pipeline(base_url: str, requests: list[bytes], seconds: float = 60.0) -> int:
+    """Send ``requests`` back to back on one connection, the last asking to close, while
+    reading the answers; returns how many status lines came back."""
+    data = b"".join(requests)
+    deadline = time.monotonic() + seconds
+    with socket.create_connection(address(base_url), timeout=seconds) as sock:
+        sock.setblocking(False)
+        received = bytearray()
+        sent = 0
+        while True:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"pipeline not answered within {seconds} s")
+            if sent < len(data):
+                with contextlib.suppress(BlockingIOError):
+                    sent += sock.send(data[sent : sent + 262144])
+            try:
+                chunk = sock.recv(262144)
+            except BlockingIOError:
+                if sent >= len(data):
+                    select.select([sock], [], [], 0.05)
+                else:
+                    select.select([sock], [sock], [], 0.05)
+                continue
+            if not chunk:
+                break
+            received += chunk
+    return received.count(b"HTTP/1.1 ")
+
+
+@contextlib.contextmanager
+def cli_server(*args: str, **popen: Any) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``fault-server --port 0 *args`` in a process of its own (its own GIL and core);
+    yields its base URL (without /v1) and the process, and stops it (SIGTERM, then kill)."""
+    popen.setdefault("stderr", subprocess.DEVNULL)
+    command = [sys.executable, "-m", "fault_server", "--port", "0", *args]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, **popen)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 20)
+        assert ready, "fault-server printed no URL within 20 s"
+        line = proc.stdout.readline().decode().strip()
+        assert line.endswith("/v1"), line
+        yield line.removesuffix("/v1"), proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        if proc.stdout is not None:
+            proc.stdout.close()
