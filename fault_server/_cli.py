@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ import textwrap
 from collections.abc import Sequence
 
 from ._control import catalogue
+from ._log_sink import StderrSink
 from ._server import MAX_CONNECTIONS, FaultServer
 
 __all__ = ["MODES", "TOKEN_ENV", "main"]
@@ -87,11 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         print(_format_catalogue())
         return 0
+    sink = _log_to_stderr()
     if not _is_loopback(args.host):
-        print(
+        sink.write(
             f"fault-server: warning: binding {args.host}, which is not loopback: anyone who can "
-            "reach it can hold connections open on this machine",
-            file=sys.stderr,
+            "reach it can hold connections open on this machine"
         )
     try:
         server = FaultServer(
@@ -106,16 +108,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     raise_fd_limit()
     try:
-        asyncio.run(_serve(server))
+        asyncio.run(_serve(server, sink))
     except OSError as exc:
-        print(f"fault-server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        sink.write(f"fault-server: cannot listen on {args.host}:{args.port}: {exc}")
         return 1
     except KeyboardInterrupt:  # where signal handlers cannot be installed.
         pass
+    finally:
+        logging.getLogger().removeHandler(sink)
+        sink.close()
     return 0
 
 
-async def _serve(server: FaultServer) -> None:
+def _log_to_stderr() -> StderrSink:
+    """Send warnings (the server's, asyncio's, Python's) to stderr through a `StderrSink`,
+    so that a full stderr pipe never blocks the server."""
+    sink = StderrSink()
+    sink.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger()
+    root.addHandler(sink)
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(True)
+    return sink
+
+
+async def _serve(server: FaultServer, sink: StderrSink) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -126,7 +143,7 @@ async def _serve(server: FaultServer) -> None:
         print(f"{server.base_url}/v1", flush=True)
         print(server.blackhole_url, flush=True)
         mode = f"proxying {server.upstream}" if server.upstream else "serving"
-        print(f"fault-server: {mode}; Ctrl-C to stop; --list for faults", file=sys.stderr)
+        sink.write(f"fault-server: {mode}; Ctrl-C to stop; --list for faults")
         await stop.wait()
     finally:
         await server.aclose()

@@ -11,6 +11,7 @@ from types import TracebackType
 
 import anyio
 
+from ._accept import Acceptor
 from ._blackhole import Blackhole
 from ._connection import Connection
 from ._control_guard import ControlGuard
@@ -98,7 +99,7 @@ class FaultServer:
             guard=ControlGuard(control_token),
         )
         self._counters = self._state.counters
-        self._server: asyncio.Server | None = None
+        self._server: Acceptor | None = None
         self._address: tuple[str, int] | None = None
         self._blackhole: Blackhole | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -120,7 +121,8 @@ class FaultServer:
         try:
             if self._state.upstream is not None:
                 await self._state.upstream.start()
-            self._server = await asyncio.start_server(self._on_connect, sock=sock, backlog=_BACKLOG)
+            self._server = Acceptor(sock, self._on_connect, self._max_connections)
+            self._server.start()
             self._blackhole = Blackhole(host)
             await self._blackhole.open()
         except BaseException:
