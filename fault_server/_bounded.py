@@ -44,13 +44,17 @@ class SeenKeys:
     __slots__ = ("_keys",)
 
     def __init__(self) -> None:
-        self._keys: OrderedDict[tuple[int, str], None] = OrderedDict()
+        # A plain dict, oldest first: an empty one costs the garbage collector nothing, and
+        # most connections never carry a key.
+        self._keys: dict[tuple[int, str], None] = {}
 
     def __contains__(self, item: tuple[int, str]) -> bool:
         return item in self._keys
 
     def add(self, item: tuple[int, str]) -> None:
-        touch(self._keys, item, None, self.CAP)
+        self._keys[item] = None
+        if len(self._keys) > self.CAP:
+            del self._keys[next(iter(self._keys))]
 
     def __len__(self) -> int:
         return len(self._keys)

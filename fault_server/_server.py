@@ -20,6 +20,7 @@ from ._journal import ConnectionRecord
 from ._mix import Mix
 from ._scenarios import Match, Rule, build_spec
 from ._scope import FaultScope
+from ._shutdown import collector_paused
 from ._state import ServerState
 from ._stats import KeyStats, ServerStats
 from ._upstream import Upstream
@@ -137,18 +138,20 @@ class FaultServer:
         if self._server is not None:
             self._server.close()
         tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            # Connection tasks never end with an exception (_on_connect catches them all),
-            # so waiting for them is enough: there is no outcome left to retrieve.
-            _, pending = await asyncio.wait(tasks, timeout=_SHUTDOWN)
-            if pending:
-                logger.warning(
-                    "fault_server: %d connection(s) still ending after %s s",
-                    len(pending),
-                    _SHUTDOWN,
-                )
+        pending: set[asyncio.Task[None]] = set()
+        with collector_paused():
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                # Connection tasks never end with an exception (_on_connect catches them
+                # all), so waiting for them is enough: there is no outcome left to retrieve.
+                _, pending = await asyncio.wait(tasks, timeout=_SHUTDOWN)
+        if pending:
+            logger.warning(
+                "fault_server: %d connection(s) still ending after %s s",
+                len(pending),
+                _SHUTDOWN,
+            )
         if self._blackhole is not None:
             self._blackhole.close()
         if self._state.upstream is not None:
