@@ -179,7 +179,8 @@ def _is_loopback(host: str) -> bool:
 
 def _format_catalogue() -> str:
     data = catalogue()
-    lines: list[str] = []
+    faults = len(data["faults"]) - 1  # healthy is the absence of a fault.
+    lines: list[str] = [f"{faults} faults, and healthy:"]
 
     def params(items: list[dict[str, object]]) -> None:
         for p in items:
