@@ -8,11 +8,13 @@ a wrong status.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Iterator
 
 import pytest
 
-from fault_server import ServerThread, running
+from fault_server import FaultSpecError, ServerThread, running
+from fault_server._bounded import MAX_KEYS, SeenKeys, touch
 from tests.wire import http_request, raw_exchange
 
 DEEP = b"[" * 100_000
@@ -105,3 +107,40 @@ def test_a_long_head_behind_a_body_is_refused_too(fault_server: ServerThread) ->
     answer = raw_exchange(fault_server.base_url, first + head_of(100 * 1024))
     assert answer.raw.count(b"HTTP/1.1 200") == 1, answer
     assert b"HTTP/1.1 431" in answer.raw, answer
+
+
+def test_at_most_10000_rules_are_armed(fault_server: ServerThread, fault_key: str) -> None:
+    many = [{"fault": "status;code=503", "times": 1} for _ in range(10_001)]
+    body = json.dumps({"key": fault_key, "scenarios": many}).encode()
+    answer = raw_exchange(
+        fault_server.base_url, http_request("PUT", "/_fault/scenarios", body, JSON)
+    )
+    assert answer.status == 400, answer
+    assert "at most 10000 rules" in answer.json()["error"]["message"]  # type: ignore[index]
+    assert fault_server.scenarios(fault_key) == ()
+    assert_still_serving(fault_server)
+
+
+def test_exhausted_rules_make_room_for_new_ones() -> None:
+    with running(max_hold=5) as srv:
+        body = json.dumps({"scenarios": [{"fault": "status;code=418", "times": 1}] * 10_000})
+        put = http_request("PUT", "/_fault/scenarios", body.encode(), JSON)
+        assert raw_exchange(srv.base_url, put).status == 200
+        assert raw_exchange(srv.base_url, http_request("GET", "/v1/models")).status == 418
+        srv.scenario("status", code=409, rule_id="newest")  # the exhausted one made room
+        rules = srv.scenarios()
+        assert len(rules) == 10_000 and rules[-1].id == "newest"
+        with pytest.raises(FaultSpecError, match="at most 10000 rules"):
+            srv.scenario("status", code=409, rule_id="one-too-many")
+
+
+def test_per_key_memory_keeps_the_most_recent_keys() -> None:
+    counts: OrderedDict[str, int] = OrderedDict()
+    for i in range(MAX_KEYS + 10):
+        touch(counts, f"k{i}", 0)
+    touch(counts, "k10", 0)  # seen again: now the most recent
+    assert len(counts) == MAX_KEYS and "k9" not in counts and next(reversed(counts)) == "k10"
+    seen = SeenKeys()
+    for i in range(SeenKeys.CAP + 5):
+        seen.add((0, f"k{i}"))
+    assert len(seen) == SeenKeys.CAP and (0, "k0") not in seen and (0, f"k{SeenKeys.CAP}") in seen
