@@ -936,7 +936,8 @@ async def test_a_fault_runs_in_two_tasks_and_shuts_down_quietly() -> None:
         await asyncio.sleep(0.12)  # a few keep-alive sleeps in.
         new = asyncio.all_tasks() - before - {asyncio.current_task()}
         assert sorted(t.get_name() for t in new if t.get_name().startswith("fault_")) == [
-            "fault_server.watch"
+            "fault_server.connection",
+            "fault_server.watch",
         ]
         assert len(new) == 2, new
         writer.transport.abort()  # the client leaves as the server stops.
