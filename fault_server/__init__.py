@@ -7,7 +7,9 @@ HTTP where it must: half-open connections, stalled or trickled heads and bodies,
 pings, RSTs, half-closes, lying Content-Lengths, broken SSE and OpenAI chunks. Every fault
 ends by itself within its ``hold``. The server keeps a journal of what each connection did
 and judges the client from it (`FaultServer.verdict`). With ``upstream=`` it is a proxy that
-injects the same faults into a real server's answers.
+injects the same faults into a real server's answers, and can record them for ``replay=``.
+Besides OpenAI chat completions it speaks Anthropic Messages, the OpenAI Responses API,
+embeddings and the model list; with ``tls=True`` it serves all of it over TLS as well.
 
 Example:
     >>> from fault_server import FaultServer
@@ -28,6 +30,7 @@ from ._faults import (
 )
 from ._journal import ConnectionRecord, RequestRecord
 from ._mix import Mix
+from ._recording import RecordingError
 from ._runner import ServerThread, running
 from ._scenarios import Match, Rule
 from ._scope import FaultScope
@@ -49,6 +52,7 @@ __all__ = [
     "Mix",
     "ParamInfo",
     "parse_fault",
+    "RecordingError",
     "RequestRecord",
     "RetryAfterCheck",
     "Rule",

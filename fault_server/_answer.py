@@ -14,16 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _formats
 from ._json_depth import loads as loads_limited
-from ._openai import (
-    DONE,
-    ChatRequest,
-    EventStream,
-    Whole,
-    completion,
-    completion_stream,
-    models,
-)
+from ._openai import DONE, Api, ChatRequest, EventStream, Whole, models
 
 __all__ = ["Frames", "LocalFrames", "LocalSource", "UpstreamBroken", "frame_json", "is_done"]
 
@@ -39,14 +32,23 @@ class Frames:
         status: the response status (200, or the upstream's).
         headers: extra response headers to pass on (the upstream's rate-limit headers...).
         count: frames read so far.
+        api: the wire format (`_formats`): chat, messages (Anthropic) or responses.
+        prologue: how many frames open the stream before the first content frame.
     """
 
     content_type = "text/event-stream"
 
-    def __init__(self, status: int = 200, headers: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(
+        self,
+        status: int = 200,
+        headers: tuple[tuple[str, str], ...] = (),
+        api: Api = "chat",
+    ) -> None:
         self.status = status
         self.headers = headers
         self.count = 0
+        self.api = api
+        self.prologue = _formats.prologue(api)
 
     async def next(self) -> bytes | None:
         """The next frame, or None after the last."""
@@ -71,7 +73,12 @@ class Frames:
 
     def paced(self, index: int, frame: bytes) -> bool:
         """Whether ``token_interval`` applies before frame number ``index`` (from 0)."""
-        return index >= 1 and not is_done(frame)
+        return index >= self.prologue and not self.is_end(frame)
+
+    def is_end(self, frame: bytes) -> bool:
+        """Whether ``frame`` ends the stream (chat's ``[DONE]``, Anthropic's
+        ``message_stop``, the Responses API's ``response.completed``)."""
+        return _formats.is_end(self.api, frame)
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         """One more well-formed chunk frame of this completion (same id, model, created)."""
@@ -87,16 +94,21 @@ class Frames:
 class LocalFrames(Frames):
     """The frames of an `EventStream` the server made up."""
 
-    def __init__(self, stream: EventStream) -> None:
-        super().__init__()
+    def __init__(self, stream: EventStream, api: Api = "chat") -> None:
+        super().__init__(api=api)
         self.stream = stream
+        self.prologue = stream.prologue
 
     async def _next(self) -> bytes | None:
         events = self.stream.events
         return events[self.count] if self.count < len(events) else None
 
     def paced(self, index: int, frame: bytes) -> bool:
-        return 1 <= index <= self.stream.content  # content chunks only, as documented.
+        # content chunks only, as documented.
+        return self.prologue <= index < self.prologue + self.stream.content
+
+    def is_end(self, frame: bytes) -> bool:
+        return self.stream.is_end(frame)
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         return self.stream.chunk(delta, finish_reason)
@@ -124,7 +136,8 @@ def frame_json(frame: bytes) -> Any:
 
 
 class LocalSource:
-    """The answers the server makes up: the model list, or a completion of ``tokens``."""
+    """The answers the server makes up: the model list, or an answer of ``tokens`` in the
+    request's API format."""
 
     def __init__(self, chat: ChatRequest | None, tokens: int) -> None:
         self._chat = chat
@@ -134,8 +147,9 @@ class LocalSource:
         if self._chat is None:
             return models()
         if stream:
-            return LocalFrames(completion_stream(self._chat, self._tokens))
-        return completion(self._chat, self._tokens)
+            made = _formats.local_stream(self._chat, self._tokens)
+            return made if isinstance(made, Whole) else LocalFrames(made, self._chat.api)
+        return _formats.local_whole(self._chat, self._tokens)
 
     async def aclose(self) -> None:
         pass

@@ -14,8 +14,11 @@ from types import MappingProxyType
 
 from ._answer import Frames
 from ._exchange import Exchange, Outcome
-from ._openai import DONE, Whole, error, huge_completion, huge_stream_line
-from ._sending import Behaviour, healthy, send_frames, send_part
+from ._formats import api_error, keepalive
+from ._openai import DONE, Whole, huge_completion, huge_stream_line
+from ._rate_limit import RATE_FAULTS
+from ._sending import Behaviour, healthy, send_frames, send_opening, send_part
+from ._slicer import SLICER_FAULTS
 from ._sse_faults import SSE_FAULTS
 from ._timing_faults import TIMING_FAULTS
 from ._wire_faults import WIRE_FAULTS
@@ -45,7 +48,7 @@ async def trickle_body(ex: Exchange) -> Outcome:
 
 
 async def sse_keepalive(ex: Exchange) -> Outcome:
-    ping = b": keep-alive\n\n" if ex.stream else b"\n"
+    ping = keepalive(ex.api) if ex.stream else b"\n"
     await ex.send_head()
     while True:
         await ex.sleep(ex.spec.number("interval"))
@@ -58,9 +61,7 @@ async def sse_stall(ex: Exchange) -> Outcome:
 
 
 async def sse_empty_deltas(ex: Exchange) -> Outcome:
-    stream = ex.event_stream()
-    await ex.send_head(content_type="text/event-stream")
-    await ex.send_data(stream.events[0])
+    stream = await send_opening(ex)
     empty = (stream.chunk({}), stream.chunk({"content": ""}))
     beat = 0
     while True:
@@ -107,7 +108,7 @@ async def status(ex: Exchange) -> Outcome:
     should_retry = spec.get("should_retry")
     if should_retry is not None:
         headers.append(("x-should-retry", "true" if should_retry else "false"))
-    whole = error(code, f"fault_server: injected status {code}")
+    whole = api_error(ex.api, code, f"fault_server: injected status {code}")
     body = spec.text("body")
     if body is not None:
         whole = Whole(code, body.encode())
@@ -132,9 +133,10 @@ async def malformed_json(ex: Exchange) -> Outcome:
     if not isinstance(answer, Frames):
         return await ex.send_whole(Whole(200, b'{"id": "x", "choices": ['))
     await ex.send_answer_head(answer)
-    await send_frames(ex, answer, 1)
+    await send_frames(ex, answer, answer.prologue)
     await ex.send_data(b"data: {not json\n\n")
-    await ex.send_data(DONE)
+    if answer.api == "chat":
+        await ex.send_data(DONE)
     await ex.send_end()
     return Outcome.KEEP
 
@@ -164,7 +166,7 @@ async def no_done(ex: Exchange) -> Outcome:
         content_type=answer.content_type,
         headers=(*answer.headers, ("connection", "close")),
     )
-    await send_frames(ex, answer, transform=lambda f: b"" if f == DONE else f)
+    await send_frames(ex, answer, transform=lambda f: b"" if answer.is_end(f) else f)
     await ex.send_end()
     return Outcome.CLOSE
 
@@ -187,5 +189,5 @@ _BASIC: dict[str, Behaviour] = {
 }
 
 BEHAVIOURS: Mapping[str, Behaviour] = MappingProxyType(
-    {**_BASIC, **WIRE_FAULTS, **SSE_FAULTS, **TIMING_FAULTS}
+    {**_BASIC, **WIRE_FAULTS, **SSE_FAULTS, **TIMING_FAULTS, **RATE_FAULTS, **SLICER_FAULTS}
 )

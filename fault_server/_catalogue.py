@@ -50,6 +50,35 @@ _SOCKET = (
         scope="connection",
     ),
     FaultInfo(
+        "refuse",
+        "Connection level, armed by a scenario: the server aborts the accepted connection "
+        "with a TCP RST before reading a byte, the nearest a listening port comes to "
+        "refusing. A true ECONNREFUSED (nothing listens) is at `refused_url`.",
+        group="socket",
+        scope="connection",
+    ),
+    FaultInfo(
+        "tls_stall",
+        "Connection level, armed by a scenario, on the TLS listener (`tls=True`, "
+        "`tls_url`): TCP is accepted, the ClientHello read, and the handshake never "
+        "answered; the server closes after `hold` (at most max_hold).",
+        group="socket",
+        scope="connection",
+    ),
+    FaultInfo(
+        "slicer",
+        "The healthy response, head included, written in slices of `size` bytes, each "
+        "varied by up to ±`variation` bytes, `interval` seconds apart (Toxiproxy's slicer). "
+        "A stream is sliced frame by frame as it comes.",
+        (
+            integer("size", 8, "Average bytes per slice.", 1),
+            integer("variation", 4, "Most bytes a slice differs from `size`.", 0),
+            number("interval", 0.005, "Seconds between slices."),
+            integer("seed", 0, "Seed of the variation: the same seed gives the same slices."),
+        ),
+        group="socket",
+    ),
+    FaultInfo(
         "reset",
         "Abort with a TCP RST. when=before: read the request, send nothing, RST. when=mid: "
         "headers and part of the body (stream: role + `after` content chunks; non-stream: "
@@ -284,6 +313,21 @@ _STATUS = (
     ),
 )
 
+_RATE = (
+    FaultInfo(
+        "rate_limit",
+        "A token bucket per key (and per limit/rate): each request takes a token and gets "
+        "the healthy answer with rate-limit headers (x-ratelimit-limit/remaining/reset-"
+        "requests; anthropic-ratelimit-requests-* on /v1/messages); an empty bucket answers "
+        "429 with Retry-After (whole seconds, rounded up), retry-after-ms and remaining 0.",
+        (
+            integer("limit", 3, "Bucket capacity: requests allowed in a burst.", 1),
+            number("rate", 1.0, "Tokens added back per second.", 0.001),
+        ),
+        group="status",
+    ),
+)
+
 _TIME = (
     FaultInfo(
         "slow_first_token",
@@ -306,7 +350,7 @@ _TIME = (
     ),
 )
 
-_CATALOGUE = (*_HEALTHY, *_SOCKET, *_HTTP, *_SSE, *_STATUS, *_TIME)
+_CATALOGUE = (*_HEALTHY, *_SOCKET, *_HTTP, *_SSE, *_STATUS, *_RATE, *_TIME)
 
 FAULTS: Mapping[str, FaultInfo] = MappingProxyType({info.name: info for info in _CATALOGUE})
 CONNECTION_FAULTS = frozenset(name for name, info in FAULTS.items() if info.scope == "connection")

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from ._control import catalogue
 from ._log_sink import StderrSink
+from ._recording import RecordingError
 from ._server import MAX_CONNECTIONS, FaultServer
 
 __all__ = ["MODES", "TOKEN_ENV", "main"]
@@ -71,6 +72,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="most seconds any fault keeps a connection (default: %(default)s)",
     )
     parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="also serve HTTPS on another port, self-signed (its URL is the third line)",
+    )
+    parser.add_argument(
+        "--record", metavar="FILE", help="proxy mode: write the upstream's answers to FILE"
+    )
+    parser.add_argument(
+        "--replay", metavar="FILE", help="serve the answers recorded in FILE (by --record)"
+    )
+    parser.add_argument(
         "--max-connections",
         type=int,
         default=MAX_CONNECTIONS,
@@ -101,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=args.port,
             max_hold=args.max_hold,
             upstream=args.upstream,
+            tls=args.tls,
+            record=args.record,
+            replay=args.replay,
             max_connections=args.max_connections,
             control_token=args.control_token,
         )
@@ -108,9 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     raise_fd_limit()
     try:
-        asyncio.run(_serve(server, sink))
+        asyncio.run(_serve(server, sink, args.tls))
     except OSError as exc:
         sink.write(f"fault-server: cannot listen on {args.host}:{args.port}: {exc}")
+        return 1
+    except RecordingError as exc:
+        sink.write(f"fault-server: {exc}")
         return 1
     except KeyboardInterrupt:  # where signal handlers cannot be installed.
         pass
@@ -132,7 +150,7 @@ def _log_to_stderr() -> StderrSink:
     return sink
 
 
-async def _serve(server: FaultServer, sink: StderrSink) -> None:
+async def _serve(server: FaultServer, sink: StderrSink, tls: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -142,6 +160,9 @@ async def _serve(server: FaultServer, sink: StderrSink) -> None:
     try:
         print(f"{server.base_url}/v1", flush=True)
         print(server.blackhole_url, flush=True)
+        if tls:
+            print(server.tls_url(), flush=True)
+            sink.write(f"fault-server: TLS certificate to trust: {server.tls_cert}")
         mode = f"proxying {server.upstream}" if server.upstream else "serving"
         sink.write(f"fault-server: {mode}; Ctrl-C to stop; --list for faults")
         await stop.wait()

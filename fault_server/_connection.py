@@ -28,10 +28,19 @@ from ._answer import LocalSource, UpstreamBroken
 from ._behaviours import BEHAVIOURS
 from ._bounded import SeenKeys
 from ._control import PREFIX, control
-from ._exchange import Exchange, Outcome, PeerGone, PeerWatcher, Source, whole_bytes
+from ._exchange import (
+    Exchange,
+    Outcome,
+    PeerGone,
+    PeerWatcher,
+    Source,
+    linger_zero,
+    whole_bytes,
+)
 from ._faults import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
+from ._formats import lenient_request, parse_request, route
 from ._journal import ConnLog, RequestLog
-from ._openai import ChatRequest, RequestError, Whole, error, parse_chat
+from ._openai import ChatRequest, RequestError, Whole, error
 from ._scenarios import RequestInfo
 from ._state import ServerState
 
@@ -44,8 +53,6 @@ _MAX_HEAD = 64 * 1024  # larger request heads get a 431 (h11's status hint).
 _READ_SIZE = 65536
 _LINGER = 1.0  # bounds the drain of an unread body after an early error answer.
 _CLOSE_FLUSH = 1.0  # bounds the flush of a graceful close before it becomes an abort.
-_CHAT = "/v1/chat/completions"
-_MODELS = "/v1/models"
 
 
 class _Closed(Exception):
@@ -89,7 +96,7 @@ class Connection:
             await self._accept_slowly()
             graceful = await self._serve()
         except _Closed as exc:
-            graceful = True  # a FIN, so an idle keep-alive client sees a clean end.
+            graceful = exc.how != "refused"  # else an RST; a FIN for an idle keep-alive client.
             self._log.close(exc.by, exc.how)
         except PeerGone:
             self._log.close("client", "rst")
@@ -109,6 +116,9 @@ class Connection:
         if rule is None:
             return
         self._log.fault = str(rule.spec)
+        if rule.spec.name == "refuse":
+            linger_zero(self._writer)  # the abort in serve() then sends an RST.
+            raise _Closed("server", "refused")
         await asyncio.sleep(min(rule.spec.number("pause"), self._max_hold))
 
     async def _serve(self) -> bool:
@@ -263,7 +273,7 @@ class Connection:
         upstream = self._state.upstream
         target: str | None = None
         if upstream is None:
-            routed = self._route(method, path)
+            routed = route(method, path)
         else:
             target = upstream.target(path, query)
             routed = (
@@ -285,16 +295,15 @@ class Connection:
         chat: ChatRequest | None = None
         answers: Source
         if upstream is not None and target is not None:
-            chat = _lenient_chat(body) if path == _CHAT else None
+            chat = lenient_request(path, body)
             headers = self._request.headers if self._request is not None else []
             answers = upstream.source(method, target, list(headers), body, chat)
         else:
-            if path == _CHAT:
-                try:
-                    chat = parse_chat(body)
-                except RequestError as exc:
-                    whole = error(400, str(exc), param=exc.param)
-                    return await self._send(whole, request_id, log=log)
+            try:
+                chat = parse_request(path, body)
+            except RequestError as exc:
+                whole = error(400, str(exc), param=exc.param)
+                return await self._send(whole, request_id, log=log)
             answers = LocalSource(chat, spec.integer("tokens"))
         return await self._run(spec, chat, answers, request_id, hold, log)
 
@@ -327,16 +336,6 @@ class Connection:
             self._counters.key_faulted(key)
         return spec
 
-    @staticmethod
-    def _route(method: str, path: str) -> Whole | None:
-        """An error for a path or method we do not serve, else None."""
-        wanted = {_CHAT: "POST", _MODELS: "GET"}.get(path)
-        if wanted is None:
-            return error(404, f"unknown path {path!r}; served: {_CHAT}, {_MODELS}")
-        if method != wanted:
-            return error(405, f"{path} takes {wanted}, not {method}")
-        return None
-
     async def _run(
         self,
         spec: FaultSpec,
@@ -357,6 +356,7 @@ class Connection:
             request_id=request_id,
             source=answers,
             log=log,
+            buckets=self._state.buckets,
         )
         behaviour = BEHAVIOURS[spec.name]
         watcher.start()
@@ -490,17 +490,9 @@ def _check_head_size(conn: h11.Connection) -> None:
         )
 
 
-def _lenient_chat(body: bytes) -> ChatRequest | None:
-    """The chat request in ``body``, or None when it is not one we understand."""
-    try:
-        return parse_chat(body)
-    except RequestError:
-        return None
-
-
 def _with_body(info: RequestInfo, body: bytes) -> RequestInfo:
-    """``info`` with the ``stream`` and ``model`` of the chat request in ``body``, if any."""
-    chat = _lenient_chat(body)
+    """``info`` with the ``stream`` and ``model`` of the request in ``body``, if any."""
+    chat = lenient_request(info.path, body)
     if chat is None:
         return info
     return RequestInfo(info.key, info.path, info.method, chat.stream, chat.model)

@@ -27,9 +27,11 @@ import anyio
 import h11
 
 from ._answer import Frames
+from ._buckets import Buckets
 from ._faults import FaultSpec
+from ._formats import made_stream
 from ._journal import RequestLog
-from ._openai import ChatRequest, EventStream, Whole, completion_stream
+from ._openai import Api, ChatRequest, EventStream, Whole
 
 __all__ = [
     "Exchange",
@@ -38,6 +40,7 @@ __all__ = [
     "PeerWatcher",
     "Source",
     "advised_delay",
+    "linger_zero",
     "whole_bytes",
 ]
 
@@ -148,8 +151,10 @@ class Exchange:
         request_id: str,
         source: Source,
         log: RequestLog | None = None,
+        buckets: Buckets | None = None,
     ) -> None:
         self.spec = spec
+        self.buckets = buckets if buckets is not None else Buckets()
         self.chat = chat
         self.log = log
         self._conn = conn
@@ -165,6 +170,11 @@ class Exchange:
     def stream(self) -> bool:
         """Whether the request asked for an SSE stream (``"stream": true``)."""
         return self.chat is not None and self.chat.stream
+
+    @property
+    def api(self) -> Api | None:
+        """The request's wire format (`_formats`); None for a request without a body."""
+        return self.chat.api if self.chat is not None else None
 
     @property
     def model(self) -> str:
@@ -190,9 +200,10 @@ class Exchange:
         return Whole(answer.status, body, answer.content_type, answer.headers)
 
     def event_stream(self) -> EventStream:
-        """A stream the server makes up, for faults that write their own chunks."""
+        """A stream the server makes up, in the request's format, for faults that write
+        their own chunks."""
         chat = self.chat or ChatRequest(model=self.model, text="", prompt_tokens=0)
-        return completion_stream(chat, self.spec.integer("tokens"))
+        return made_stream(chat, self.spec.integer("tokens"))
 
     # -- sending -----------------------------------------------------------------------
 
@@ -310,18 +321,32 @@ class Exchange:
     async def reset(self) -> Outcome:
         """Flush what was written, then abort the connection with a TCP RST."""
         await self.flush()
-        sock = self._writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        linger_zero(self._writer)
         self._writer.transport.abort()
         return Outcome.ABORTED
 
     async def half_close(self) -> None:
-        """Flush, then shut down our sending side (a FIN); the socket stays open to read."""
+        """Flush, then shut down our sending side (a FIN); the socket stays open to read.
+
+        Under TLS, which asyncio cannot half-close, the TCP socket beneath is shut down: a
+        FIN without TLS's close_notify, which the client reads as a truncated stream.
+        """
         await self.flush()
         with contextlib.suppress(OSError, RuntimeError):
-            self._writer.write_eof()
+            if self._writer.can_write_eof():
+                self._writer.write_eof()
+                return
+            sock = self._writer.get_extra_info("socket")
+            if sock is not None:
+                sock.shutdown(socket.SHUT_WR)
+
+
+def linger_zero(writer: asyncio.StreamWriter) -> None:
+    """Make the socket's close an RST (SO_LINGER on, 0 s) instead of a FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 def whole_bytes(

@@ -11,17 +11,19 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ._json_depth import loads as loads_limited
 
 __all__ = [
     "DONE",
     "MODELS",
+    "Api",
     "ChatRequest",
     "EventStream",
+    "chat_chunk",
     "RequestError",
     "Whole",
     "completion",
@@ -29,15 +31,23 @@ __all__ = [
     "error",
     "huge_completion",
     "huge_stream_line",
+    "json_bytes",
+    "load_object",
     "models",
     "parse_chat",
+    "pieces_of",
+    "sse_event",
+    "text_of",
 ]
+
+Api = Literal["chat", "messages", "responses", "embeddings"]
 
 MODELS = ("fault-model", "gpt-4o-mini")
 _MODEL_CREATED = 1_700_000_000
 _FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 _MAX_WORD = 40
 DONE = b"data: [DONE]\n\n"
+FINGERPRINT = "fp_fault_server"
 
 _ERROR_TYPES = {
     400: ("invalid_request_error", "invalid_request"),
@@ -71,11 +81,14 @@ class Whole:
 
 @dataclass(frozen=True, slots=True)
 class EventStream:
-    """A streamed completion as complete SSE frames.
+    """A streamed answer as complete SSE frames.
 
-    ``events[0]`` is the role chunk, ``events[1 : 1 + content]`` carry the content (or the
-    tool call's argument pieces), then come the finish chunk, the usage chunk if asked for,
-    and ``data: [DONE]``.
+    ``events[:prologue]`` open it (chat: the role chunk; Anthropic: ``message_start``,
+    ``content_block_start`` and a ``ping``), ``events[prologue : prologue + content]`` carry
+    the content (or the tool call's argument pieces), then come the events that close it;
+    the last one ends the stream (chat: ``data: [DONE]``; Anthropic: ``message_stop``;
+    Responses: ``response.completed``). ``chunker`` makes one more delta event of the same
+    answer in its own format; without it, a chat chunk.
     """
 
     id: str
@@ -83,6 +96,8 @@ class EventStream:
     created: int
     events: tuple[bytes, ...]
     content: int
+    prologue: int = 1
+    chunker: Callable[[dict[str, Any], str | None], bytes] | None = None
 
     @property
     def body(self) -> bytes:
@@ -90,17 +105,29 @@ class EventStream:
         return b"".join(self.events)
 
     def head(self, after: int) -> tuple[bytes, ...]:
-        """The role chunk and the first ``after`` content chunks."""
-        return self.events[: 1 + min(after, self.content)]
+        """The opening events and the first ``after`` content events."""
+        return self.events[: self.prologue + min(after, self.content)]
+
+    def is_end(self, frame: bytes) -> bool:
+        """Whether ``frame`` is the event that ends this stream."""
+        return frame == self.events[-1]
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        """One more well-formed chunk frame of this completion."""
+        """One more well-formed delta event of this answer: ``{"content": text}`` carries
+        text, ``{}`` nothing, and a ``finish_reason`` closes the message."""
+        if self.chunker is not None:
+            return self.chunker(delta, finish_reason)
         return _frame(_chunk(self.id, self.model, self.created, delta, finish_reason))
 
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
-    """What the healthy answer depends on, read from a chat completion request."""
+    """What the healthy answer depends on, read from a request of one of the APIs served.
+
+    ``api`` names the wire format (``chat``: OpenAI chat completions; ``messages``:
+    Anthropic Messages; ``responses``: OpenAI Responses; ``embeddings``). ``inputs``,
+    ``dimensions`` and ``base64`` are the embeddings request's.
+    """
 
     model: str
     text: str
@@ -109,6 +136,10 @@ class ChatRequest:
     include_usage: bool = False
     tool_name: str | None = None
     max_tokens: int | None = None
+    api: Api = "chat"
+    inputs: tuple[str, ...] = ()
+    dimensions: int = 0
+    base64: bool = False
 
 
 def parse_chat(body: bytes) -> ChatRequest:
@@ -129,7 +160,7 @@ def parse_chat(body: bytes) -> ChatRequest:
     messages = data.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise RequestError("'messages' must be a list of objects", "messages")
-    texts = [_text_of(m.get("content")) for m in messages]
+    texts = [text_of(m.get("content")) for m in messages]
     last_user = ""
     for message, text in zip(messages, texts, strict=True):
         if message.get("role") == "user":
@@ -149,9 +180,24 @@ def parse_chat(body: bytes) -> ChatRequest:
     )
 
 
+def load_object(body: bytes) -> dict[str, Any]:
+    """The JSON object of a request body (as `parse_chat` reads it).
+
+    Raises:
+        RequestError: the body is not JSON (or nested too deeply to read), or not an object.
+    """
+    try:
+        data = loads_limited(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError(f"request body must be a JSON object, not {type(data).__name__}")
+    return data
+
+
 def completion(req: ChatRequest, tokens: int) -> Whole:
     """The non-streamed ``chat.completion`` answering ``req`` with ``tokens`` tokens."""
-    pieces, finish = _pieces(req, tokens)
+    pieces, finish = pieces_of(req, tokens)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(pieces), "refusal": None}
     if req.tool_name is not None:
         message["content"] = None
@@ -163,14 +209,16 @@ def completion(req: ChatRequest, tokens: int) -> Whole:
         "model": req.model,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
         "usage": _usage(req, len(pieces)),
+        "service_tier": "default",
+        "system_fingerprint": FINGERPRINT,
     }
-    return Whole(200, _json(payload))
+    return Whole(200, json_bytes(payload))
 
 
 def completion_stream(req: ChatRequest, tokens: int) -> EventStream:
     """The streamed ``chat.completion.chunk`` frames answering ``req``."""
     cid, created = _new_id(), int(time.time())
-    pieces, finish = _pieces(req, tokens)
+    pieces, finish = pieces_of(req, tokens)
     extra: dict[str, Any] = {"usage": None} if req.include_usage else {}
 
     def frame(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
@@ -201,7 +249,7 @@ def models() -> Whole:
         {"id": m, "object": "model", "created": _MODEL_CREATED, "owned_by": "fault_server"}
         for m in MODELS
     ]
-    return Whole(200, _json({"object": "list", "data": data}))
+    return Whole(200, json_bytes({"object": "list", "data": data}))
 
 
 def error(status: int, message: str, *, code: str | None = None, param: str | None = None) -> Whole:
@@ -210,7 +258,7 @@ def error(status: int, message: str, *, code: str | None = None, param: str | No
         status, ("server_error", "server_error") if status >= 500 else ("api_error", "error")
     )
     body = {"message": message, "type": etype, "param": param, "code": code or default_code}
-    return Whole(status, _json({"error": body}))
+    return Whole(status, json_bytes({"error": body}))
 
 
 def huge_completion(model: str, size: int) -> tuple[int, Iterator[bytes]]:
@@ -233,13 +281,13 @@ def huge_completion(model: str, size: int) -> tuple[int, Iterator[bytes]]:
         ],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
-    return _padded(_json(payload), b"\\u0000", size)
+    return _padded(json_bytes(payload), b"\\u0000", size)
 
 
 def huge_stream_line(model: str, size: int) -> tuple[int, Iterator[bytes]]:
     """One ``data: {chunk}`` SSE line of ``max(size, minimum)`` bytes, without its newlines."""
     chunk = _chunk(_new_id(), model, int(time.time()), {"content": "\x00"}, None)
-    return _padded(b"data: " + _json(chunk), b"\\u0000", size)
+    return _padded(b"data: " + json_bytes(chunk), b"\\u0000", size)
 
 
 def _padded(template: bytes, hole: bytes, size: int) -> tuple[int, Iterator[bytes]]:
@@ -262,7 +310,9 @@ def _padded(template: bytes, hole: bytes, size: int) -> tuple[int, Iterator[byte
 _I0 = {"index": 0}
 
 
-def _pieces(req: ChatRequest, tokens: int) -> tuple[list[str], str]:
+def pieces_of(req: ChatRequest, tokens: int) -> tuple[list[str], str]:
+    """The answer's content in ``tokens`` pieces (text words, or the pieces of a tool call's
+    arguments JSON) and its finish reason: ``stop``, ``length`` or ``tool_calls``."""
     finish = "stop"
     if req.max_tokens is not None and req.max_tokens < tokens:
         tokens, finish = req.max_tokens, "length"
@@ -295,7 +345,8 @@ def _first_tool(data: dict[str, Any]) -> str | None:
     return name
 
 
-def _text_of(content: object) -> str:
+def text_of(content: object) -> str:
+    """The text of a message's content: a string, or the ``text`` of its parts."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -304,11 +355,14 @@ def _text_of(content: object) -> str:
     return ""
 
 
-def _usage(req: ChatRequest, completion_tokens: int) -> dict[str, int]:
+def _usage(req: ChatRequest, completion_tokens: int) -> dict[str, Any]:
+    # The details objects, as OpenAI sends them: nothing cached, no reasoning tokens.
     return {
         "prompt_tokens": req.prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": req.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
     }
 
 
@@ -322,14 +376,33 @@ def _chunk(
         "created": created,
         "model": model,
         "choices": [choice],
+        "service_tier": "default",
+        "system_fingerprint": FINGERPRINT,
     }
 
 
+def chat_chunk(first: dict[str, Any], delta: dict[str, Any], finish_reason: str | None) -> bytes:
+    """A chat chunk frame with the id, created and model of ``first`` (another chunk's JSON,
+    as an upstream sent it), for faults that add chunks to a stream they did not make."""
+    cid = str(first.get("id", "chatcmpl-proxy"))
+    created = first.get("created", 0)
+    model = str(first.get("model", "fault-model"))
+    return _frame(
+        _chunk(cid, model, created if isinstance(created, int) else 0, delta, finish_reason)
+    )
+
+
+def sse_event(name: str, payload: dict[str, Any]) -> bytes:
+    """One named SSE event (``event: name``) whose data is ``payload``."""
+    return b"event: " + name.encode() + b"\ndata: " + json_bytes(payload) + b"\n\n"
+
+
 def _frame(payload: dict[str, Any]) -> bytes:
-    return b"data: " + _json(payload) + b"\n\n"
+    return b"data: " + json_bytes(payload) + b"\n\n"
 
 
-def _json(payload: object) -> bytes:
+def json_bytes(payload: object) -> bytes:
+    """Compact JSON."""
     return json.dumps(payload, separators=(",", ":")).encode()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from types import TracebackType
@@ -47,6 +48,9 @@ class ServerThread:
         max_hold: float = 30.0,
         *,
         upstream: str | None = None,
+        tls: bool = False,
+        record: str | os.PathLike[str] | None = None,
+        replay: str | os.PathLike[str] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         control_token: str | None = None,
     ) -> None:
@@ -55,6 +59,9 @@ class ServerThread:
             port=port,
             max_hold=max_hold,
             upstream=upstream,
+            tls=tls,
+            record=record,
+            replay=replay,
             max_connections=max_connections,
             control_token=control_token,
         )
@@ -156,6 +163,20 @@ class ServerThread:
     def blackhole_url(self) -> str:
         """``http://HOST:PORT2/v1`` of a listener that never accepts."""
         return self._server.blackhole_url
+
+    @property
+    def refused_url(self) -> str:
+        """``http://HOST:PORT3/v1`` of a port where nothing listens: connects are refused."""
+        return self._server.refused_url
+
+    @property
+    def tls_cert(self) -> str:
+        """As `FaultServer.tls_cert`."""
+        return self._server.tls_cert
+
+    def tls_url(self, fault: str | None = None, /, **params: ParamValue) -> str:
+        """As `FaultServer.tls_url`."""
+        return self._server.tls_url(fault, **params)
 
     def url(self, fault: str | None = None, /, **params: ParamValue) -> str:
         """As `FaultServer.url`."""
@@ -267,6 +288,9 @@ def running(
     max_hold: float = 30.0,
     *,
     upstream: str | None = None,
+    tls: bool = False,
+    record: str | os.PathLike[str] | None = None,
+    replay: str | os.PathLike[str] | None = None,
     max_connections: int = MAX_CONNECTIONS,
     control_token: str | None = None,
 ) -> Iterator[ServerThread]:
@@ -281,6 +305,9 @@ def running(
         port=port,
         max_hold=max_hold,
         upstream=upstream,
+        tls=tls,
+        record=record,
+        replay=replay,
         max_connections=max_connections,
         control_token=control_token,
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,6 +33,9 @@ __all__ = [
     "build_spec",
     "spec_of",
 ]
+
+# Connection-level faults a plain listener applies; the TLS listener takes ``tls_stall``.
+_PLAIN_CONNECTION = frozenset({"slow_accept", "refuse"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,11 +313,12 @@ class Scenarios:
             return None
         return self._take(lambda rule: not rule.connection_level and rule.match.matches(info))
 
-    def take_connection(self) -> Rule | None:
-        """The first live connection-level rule (``slow_accept``), with one use taken."""
+    def take_connection(self, names: Collection[str] = _PLAIN_CONNECTION) -> Rule | None:
+        """The first live connection-level rule among ``names`` (by default those of a plain
+        TCP listener: ``slow_accept``, ``refuse``), with one use taken."""
         if not self._rules:  # the common case, without the lock.
             return None
-        return self._take(lambda rule: rule.connection_level)
+        return self._take(lambda rule: rule.connection_level and rule.spec.name in names)
 
     def _take(self, wanted: Any) -> Rule | None:
         with self._lock:

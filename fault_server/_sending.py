@@ -10,9 +10,18 @@ from collections.abc import Awaitable, Callable
 
 from ._answer import Frames
 from ._exchange import Exchange, Outcome
-from ._openai import Whole
+from ._formats import api_error
+from ._openai import EventStream, Whole
 
-__all__ = ["Behaviour", "healthy", "send_frames", "send_half", "send_part"]
+__all__ = [
+    "Behaviour",
+    "chat_only",
+    "healthy",
+    "send_frames",
+    "send_half",
+    "send_opening",
+    "send_part",
+]
 
 Behaviour = Callable[[Exchange], Awaitable[Outcome]]
 
@@ -78,6 +87,25 @@ async def send_part(ex: Exchange) -> None:
     answer = await ex.answer()
     if isinstance(answer, Frames):
         await ex.send_answer_head(answer)
-        await send_frames(ex, answer, 1 + ex.spec.integer("after"))
+        await send_frames(ex, answer, answer.prologue + ex.spec.integer("after"))
     else:
         await send_half(ex, answer)
+
+
+async def send_opening(ex: Exchange) -> EventStream:
+    """The head of a made-up stream in the request's format and its opening events (chat:
+    the role chunk); returns the stream, for its `EventStream.chunk`."""
+    stream = ex.event_stream()
+    await ex.send_head(content_type="text/event-stream")
+    for frame in stream.events[: stream.prologue]:
+        await ex.send_data(frame)
+    return stream
+
+
+async def chat_only(ex: Exchange) -> Outcome | None:
+    """For a fault made of chat completion chunks only: a 400 that says so on another API,
+    rather than an answer its clients would not recognise; None on chat."""
+    if ex.api in (None, "chat"):
+        return None
+    message = f"fault {ex.spec.name!r} breaks chat completions only, not the {ex.api} API"
+    return await ex.send_whole(api_error(ex.api, 400, message))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import socket
 from collections.abc import Mapping
 from types import TracebackType
@@ -18,11 +19,14 @@ from ._control_guard import ControlGuard
 from ._faults import FaultSpec, ParamValue
 from ._journal import ConnectionRecord
 from ._mix import Mix
+from ._refused import RefusedPort
+from ._replay import Replay
 from ._scenarios import Match, Rule, build_spec
 from ._scope import FaultScope
 from ._shutdown import collector_paused
 from ._state import ServerState
 from ._stats import KeyStats, ServerStats
+from ._tls import TLS_SUPPORTED, TlsListener
 from ._upstream import Upstream
 from ._verdict import Verdict, judge
 
@@ -50,6 +54,12 @@ class FaultServer:
         upstream: proxy mode: the base URL (``http://host:port/v1``) of a real
             OpenAI-compatible server whose answers the faults deliver, instead of the
             answers the server makes up.
+        tls: also serve HTTPS on a second port (`tls_url`), with a self-signed
+            certificate made at start (`tls_cert`); Python 3.11+.
+        record: proxy mode: write each complete exchange with the upstream to this file
+            (JSON Lines, emptied at start), for ``replay``.
+        replay: serve the answers recorded in this file instead of making them up (or
+            asking an upstream); faults apply to them as to a live upstream's.
         max_connections: most connections served at once; past it the server stops
             accepting until one closes, and new clients wait in the kernel's backlog.
         control_token: if given, every ``/_fault/`` control request over HTTP must carry it
@@ -57,8 +67,9 @@ class FaultServer:
 
     Raises:
         ValueError: for a port outside 0..65535, a max_hold that is not a positive number,
-            an upstream that is not an http(s) URL, a max_connections below 1, or a
-            control_token that is empty or not printable ASCII.
+            an upstream that is not an http(s) URL, tls on Python 3.10, record without
+            upstream, replay with upstream, a max_connections below 1, or a control_token
+            that is empty or not printable ASCII.
 
     Example:
         >>> async with FaultServer() as srv:  # doctest: +SKIP
@@ -72,9 +83,18 @@ class FaultServer:
         max_hold: float = 30.0,
         *,
         upstream: str | None = None,
+        tls: bool = False,
+        record: str | os.PathLike[str] | None = None,
+        replay: str | os.PathLike[str] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         control_token: str | None = None,
     ) -> None:
+        if record is not None and upstream is None:
+            raise ValueError("record= needs upstream=: it records a real server's answers")
+        if replay is not None and upstream is not None:
+            raise ValueError("replay= serves recorded answers: give it or upstream=, not both")
+        if tls and not TLS_SUPPORTED:
+            raise ValueError("tls=True needs Python 3.11+ (asyncio.StreamWriter.start_tls)")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an integer in 0..65535, got {port!r}")
         if (
@@ -96,13 +116,16 @@ class FaultServer:
         self._max_connections = max_connections
         self._state = ServerState(
             self._max_hold,
-            upstream=None if upstream is None else Upstream(upstream),
+            upstream=_upstream(upstream, record, replay),
             guard=ControlGuard(control_token),
         )
         self._counters = self._state.counters
         self._server: Acceptor | None = None
         self._address: tuple[str, int] | None = None
         self._blackhole: Blackhole | None = None
+        self._refused: RefusedPort | None = None
+        self._tls = tls
+        self._tls_listener: TlsListener | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
 
@@ -126,6 +149,13 @@ class FaultServer:
             self._server.start()
             self._blackhole = Blackhole(host)
             await self._blackhole.open()
+            self._refused = RefusedPort(host)
+            self._refused.open()
+            if self._tls:
+                self._tls_listener = TlsListener(
+                    host, self._state.scenarios, self._max_hold, self._on_connect
+                )
+                await self._tls_listener.open(_BACKLOG)
         except BaseException:
             await self.aclose()
             sock.close()
@@ -152,8 +182,12 @@ class FaultServer:
                 len(pending),
                 _SHUTDOWN,
             )
+        if self._tls_listener is not None:
+            await self._tls_listener.close()
         if self._blackhole is not None:
             self._blackhole.close()
+        if self._refused is not None:
+            self._refused.close()
         if self._state.upstream is not None:
             with anyio.move_on_after(_SHUTDOWN):
                 await self._state.upstream.aclose()
@@ -227,6 +261,41 @@ class FaultServer:
         if self._blackhole is None:
             raise RuntimeError("the FaultServer is not started: await start() first")
         return f"http://{_url_host(host)}:{self._blackhole.port}/v1"
+
+    @property
+    def refused_url(self) -> str:
+        """``http://HOST:PORT3/v1`` of a port where nothing listens: connects are refused."""
+        host, _ = self._bound()
+        if self._refused is None:
+            raise RuntimeError("the FaultServer is not started: await start() first")
+        return f"http://{_url_host(host)}:{self._refused.port}/v1"
+
+    @property
+    def tls_cert(self) -> str:
+        """The path of the TLS listener's self-signed certificate (PEM), for a client to
+        trust: ``ssl.create_default_context(cafile=srv.tls_cert)``.
+
+        Raises:
+            RuntimeError: if the server was not made with ``tls=True``, or is not started.
+        """
+        return str(self._tls_started().cert)
+
+    def tls_url(self, fault: str | None = None, /, **params: ParamValue) -> str:
+        """As `url`, on the TLS listener: ``https://HOST:PORT4/...``.
+
+        Raises:
+            RuntimeError: if the server was not made with ``tls=True``, or is not started.
+            FaultSpecError: as `url`.
+        """
+        listener = self._tls_started()
+        host, _ = self._bound()
+        plain = self.url(fault, **params)
+        return f"https://{_url_host(host)}:{listener.port}" + plain[len(self.base_url) :]
+
+    def _tls_started(self) -> TlsListener:
+        if self._tls_listener is None or self._tls_listener.cert is None:
+            raise RuntimeError("no TLS listener: make the FaultServer with tls=True and start it")
+        return self._tls_listener
 
     def url(self, fault: str | None = None, /, **params: ParamValue) -> str:
         """The ``base_url`` for an OpenAI client that should meet ``fault``.
@@ -404,6 +473,19 @@ class FaultServer:
     def scope(self, key: str) -> FaultScope:
         """A `FaultScope`: URLs, scenarios, stats and verdicts for one key."""
         return FaultScope(self, key)
+
+
+def _upstream(
+    url: str | None,
+    record: str | os.PathLike[str] | None,
+    replay: str | os.PathLike[str] | None,
+) -> Upstream | None:
+    """Where answers come from: an upstream (maybe recorded), a replay file, or nowhere."""
+    if replay is not None:
+        return Replay(os.fspath(replay))
+    if url is not None:
+        return Upstream(url, None if record is None else os.fspath(record))
+    return None
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -14,9 +14,11 @@ from typing import Any
 
 from ._answer import Frames, frame_json, is_done
 from ._exchange import Exchange, Outcome
+from ._formats import api_error
+from ._formats import error_event as api_error_event
 from ._json_depth import loads as loads_limited
-from ._openai import DONE, Whole, error
-from ._sending import Behaviour, healthy, send_frames
+from ._openai import DONE, Whole
+from ._sending import Behaviour, chat_only, healthy, send_frames, send_opening
 from ._tools import (
     TRICKY_ARGUMENTS,
     TRICKY_PIECES,
@@ -33,8 +35,7 @@ _TOOL = "lookup"  # the function called when the request offers no tools.
 async def sse_pings(ex: Exchange) -> Outcome:
     name = ex.spec.text("event") or "ping"
     ping = f'event: {name}\ndata: {{"type": {json.dumps(name)}}}\n\n'.encode()
-    await ex.send_head(content_type="text/event-stream")
-    await ex.send_data(ex.event_stream().events[0])
+    await send_opening(ex)
     while True:
         await ex.sleep(ex.spec.number("interval"))
         await ex.send_data(ping)
@@ -55,23 +56,34 @@ async def data_after_done(ex: Exchange) -> Outcome:
     if not isinstance(answer, Frames):
         return await ex.send_whole(answer)
     await ex.send_answer_head(answer)
-    await send_frames(ex, answer)
+    ends: list[bytes] = []
+
+    def keep_end(frame: bytes) -> bytes:
+        if answer.is_end(frame):
+            ends.append(frame)
+        return frame
+
+    await send_frames(ex, answer, transform=keep_end)
     await ex.send_data(answer.chunk({"content": " after-done"}))
     await ex.send_data(answer.chunk({}, "stop"))
-    await ex.send_data(DONE)
+    await ex.send_data(ends[-1] if ends else DONE)
     await ex.send_end()
     return Outcome.KEEP
 
 
 async def error_event(ex: Exchange) -> Outcome:
-    failure = error(500, "fault_server: injected error event mid-stream").body
+    message = "fault_server: injected error event mid-stream"
+    failure = api_error(ex.api, 500, message).body
     answer = await ex.answer()
     if not isinstance(answer, Frames):
         return await ex.send_whole(Whole(200, failure))
     await ex.send_answer_head(answer)
-    await send_frames(ex, answer, 1 + ex.spec.integer("after"))
-    prefix = b"event: error\n" if ex.spec.get("event") else b""
-    await ex.send_data(prefix + b"data: " + failure + b"\n\n")
+    await send_frames(ex, answer, answer.prologue + ex.spec.integer("after"))
+    if answer.api != "chat":  # their streams always name the error event.
+        await ex.send_data(api_error_event(answer.api, message))
+    else:
+        prefix = b"event: error\n" if ex.spec.get("event") else b""
+        await ex.send_data(prefix + b"data: " + failure + b"\n\n")
     await ex.send_end()
     return Outcome.KEEP
 
@@ -102,7 +114,7 @@ async def sse_long_line(ex: Exchange) -> Outcome:
     if not isinstance(answer, Frames):
         return await ex.send_whole(answer)
     await ex.send_answer_head(answer)
-    await send_frames(ex, answer, 1)
+    await send_frames(ex, answer, answer.prologue)
     empty = answer.chunk({"content": ""})
     fill = max(0, ex.spec.integer("size") - len(empty) + 2)  # +2: the blank line is not in it.
     await ex.send_data(answer.chunk({"content": ("lorem " * (fill // 6 + 1))[:fill]}))
@@ -112,9 +124,7 @@ async def sse_long_line(ex: Exchange) -> Outcome:
 
 
 async def endless_line(ex: Exchange) -> Outcome:
-    stream = ex.event_stream()
-    await ex.send_head(content_type="text/event-stream")
-    await ex.send_data(stream.events[0])
+    stream = await send_opening(ex)
     opening = stream.chunk({"content": "echo:"})
     await ex.send_data(opening[: opening.index(b'echo:"') + len(b"echo:")])
     while True:
@@ -123,6 +133,8 @@ async def endless_line(ex: Exchange) -> Outcome:
 
 
 async def bad_usage(ex: Exchange) -> Outcome:
+    if (refused := await chat_only(ex)) is not None:
+        return refused
     mode = ex.spec.text("mode")
     answer = await ex.answer()
     if isinstance(answer, Whole):
@@ -150,6 +162,8 @@ async def bad_usage(ex: Exchange) -> Outcome:
 
 
 async def tool_split(ex: Exchange) -> Outcome:
+    if (refused := await chat_only(ex)) is not None:
+        return refused
     if not ex.stream:
         body = tool_completion(ex.model, [(_tool(ex), TRICKY_ARGUMENTS)])
         await ex.send_head(content_length=len(body))
@@ -173,6 +187,8 @@ async def tool_split(ex: Exchange) -> Outcome:
 
 
 async def index_gap(ex: Exchange) -> Outcome:
+    if (refused := await chat_only(ex)) is not None:
+        return refused
     first, second = '{"text": "first"}', '{"text": "second"}'
     if not ex.stream:
         return await ex.send_whole(
@@ -183,6 +199,8 @@ async def index_gap(ex: Exchange) -> Outcome:
 
 
 async def tool_args_unclosed(ex: Exchange) -> Outcome:
+    if (refused := await chat_only(ex)) is not None:
+        return refused
     text = "echo: " + (ex.chat.text if ex.chat is not None else "")
     arguments = json.dumps({"text": text})[:-2]  # no closing quote, no closing brace.
     if not ex.stream:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ._buckets import Buckets
 from ._control_guard import ControlGuard
 from ._journal import Journal
 from ._mix import MixState
@@ -24,13 +25,16 @@ class ServerState:
     scenarios: Scenarios = field(default_factory=Scenarios)
     mix: MixState = field(default_factory=MixState)
     upstream: Upstream | None = None
+    buckets: Buckets = field(default_factory=Buckets)
     guard: ControlGuard = field(default_factory=ControlGuard)
 
     def reset(self) -> None:
-        """Zero the counts, restart the sequences and the mix's draws, empty the journal."""
+        """Zero the counts, restart the sequences and the mix's draws, empty the journal,
+        refill the rate limits' buckets."""
         self.counters.reset()
         self.journal.clear()
         self.mix.set(self.mix.mix)
+        self.buckets.clear()
 
     def forget(self, key: str) -> dict[str, int]:
         """Drop everything kept for ``key``: its journal entries, counts (its ``first=N``

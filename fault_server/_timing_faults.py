@@ -20,7 +20,7 @@ async def slow_first_token(ex: Exchange) -> Outcome:
     answer = await ex.answer()
     if isinstance(answer, Frames):
         await ex.send_answer_head(answer)
-        await send_frames(ex, answer, 1)
+        await send_frames(ex, answer, answer.prologue)
         await ex.sleep(wait)
         await send_frames(ex, answer)
     else:

@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
 from ._answer import Frames, UpstreamBroken, frame_json
+from ._exchange import Source
 from ._json_depth import loads as loads_limited
-from ._openai import ChatRequest, Whole, error
+from ._openai import Api, ChatRequest, Whole, chat_chunk, error
+from ._recording import Recorder, request_key
 
 __all__ = ["Upstream", "UpstreamFrames", "UpstreamSource", "check_upstream_url"]
 
@@ -86,11 +90,14 @@ class Upstream:
     use, ``/v1`` included.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, record: str | Path | None = None) -> None:
         self.url = check_upstream_url(url)
         self._client: httpx.AsyncClient | None = None
+        self._recorder = None if record is None else Recorder(record)
 
     async def start(self) -> None:
+        if self._recorder is not None:
+            self._recorder.open()
         # trust_env=False: a test proxy must not itself go through HTTP_PROXY.
         self._client = httpx.AsyncClient(
             timeout=_TIMEOUT, limits=_LIMITS, trust_env=False, follow_redirects=False
@@ -98,6 +105,8 @@ class Upstream:
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
+        if self._recorder is not None:
+            self._recorder.close()
         if client is not None:
             await client.aclose()
 
@@ -114,7 +123,7 @@ class Upstream:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         chat: ChatRequest | None,
-    ) -> UpstreamSource:
+    ) -> Source:
         if self._client is None:
             raise RuntimeError("the upstream client is not started")
         forwarded = [
@@ -123,7 +132,10 @@ class Upstream:
             if k.decode("latin-1").lower() not in _DROP
         ]
         forwarded.append(("accept-encoding", "identity"))  # SSE is read as it comes.
-        return UpstreamSource(self._client, method, url, forwarded, body, chat)
+        source = UpstreamSource(self._client, method, url, forwarded, body, chat)
+        if self._recorder is not None:
+            source.record_to(self._recorder, "/v1" + url[len(self.url) :])
+        return source
 
 
 class UpstreamSource:
@@ -146,6 +158,12 @@ class UpstreamSource:
         self._chat = chat
         self._responses: list[httpx.Response] = []
         self._frames: list[UpstreamFrames] = []
+        self._recorder: Recorder | None = None
+        self._path = ""
+
+    def record_to(self, recorder: Recorder, path: str) -> None:
+        """Write each complete answer to ``recorder``, as the answer to ``path``."""
+        self._recorder, self._path = recorder, path
 
     async def answer(self, stream: bool) -> Whole | Frames:
         body = self._body
@@ -162,18 +180,30 @@ class UpstreamSource:
         passed = tuple(
             (k, v)
             for k, v in response.headers.items()
-            if k in _PASS or k.startswith("x-ratelimit-")
+            if k in _PASS or k.startswith(("x-ratelimit-", "anthropic-ratelimit-"))
         )
         content_type = response.headers.get("content-type", "application/json")
         if response.status_code == 200 and content_type.startswith("text/event-stream"):
-            frames = UpstreamFrames(response, response.status_code, passed)
+            frames = UpstreamFrames(response, response.status_code, passed, self._api or "chat")
+            if self._recorder is not None:
+                frames.on_end = partial(self._recorder.stream, self._key(body, stream), frames)
             self._frames.append(frames)
             return frames
         try:
             data = await response.aread()
         except httpx.HTTPError as exc:
             return error(502, f"fault_server proxy: reading {self._url} failed: {exc!r}")
-        return Whole(response.status_code, data, content_type, passed)
+        whole = Whole(response.status_code, data, content_type, passed)
+        if self._recorder is not None:
+            self._recorder.whole(self._key(body, stream), self._api, whole)
+        return whole
+
+    @property
+    def _api(self) -> Api | None:
+        return self._chat.api if self._chat is not None else None
+
+    def _key(self, body: bytes, stream: bool) -> str:
+        return request_key(self._method, self._path, body, stream)
 
     async def aclose(self) -> None:
         for frames in self._frames:
@@ -186,13 +216,20 @@ class UpstreamFrames(Frames):
     """An upstream SSE body cut into events as it arrives; line ends normalised to LF."""
 
     def __init__(
-        self, response: httpx.Response, status: int, headers: tuple[tuple[str, str], ...]
+        self,
+        response: httpx.Response,
+        status: int,
+        headers: tuple[tuple[str, str], ...],
+        api: Api = "chat",
     ) -> None:
-        super().__init__(status, headers)
+        super().__init__(status, headers, api)
         self._chunks: AsyncIterator[bytes] = response.aiter_bytes()
         self._buffer = b""
         self._ended = False
         self._first: dict[str, Any] | None = None
+        self._seen: list[bytes] = []
+        # Called once with every event, when the stream has ended well (a recording).
+        self.on_end: Callable[[list[bytes]], None] | None = None
 
     async def _next(self) -> bytes | None:
         while True:
@@ -204,7 +241,12 @@ class UpstreamFrames(Frames):
                 continue
             if self._ended:
                 event, self._buffer = self._buffer, b""
-                return self._remember(event) if event.strip() else None
+                if event.strip():
+                    return self._remember(event)
+                on_end, self.on_end = self.on_end, None
+                if on_end is not None:
+                    on_end(self._seen)
+                return None
             try:
                 self._buffer += await self._chunks.__anext__()
             except StopAsyncIteration:
@@ -214,6 +256,8 @@ class UpstreamFrames(Frames):
 
     def _remember(self, event: bytes) -> bytes:
         frame = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + b"\n\n"
+        if self.on_end is not None:
+            self._seen.append(frame)
         if self._first is None:
             data = frame_json(frame)
             if isinstance(data, dict) and "id" in data:
@@ -221,17 +265,7 @@ class UpstreamFrames(Frames):
         return frame
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        first = self._first or {}
-        payload = {
-            "id": first.get("id", "chatcmpl-proxy"),
-            "object": "chat.completion.chunk",
-            "created": first.get("created", 0),
-            "model": first.get("model", "fault-model"),
-            "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            ],
-        }
-        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+        return chat_chunk(self._first or {}, delta, finish_reason)
 
     async def aclose(self) -> None:
         closer = getattr(self._chunks, "aclose", None)

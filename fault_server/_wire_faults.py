@@ -11,8 +11,7 @@ import json
 
 from ._answer import Frames
 from ._exchange import Exchange, Outcome
-from ._openai import DONE
-from ._sending import Behaviour, healthy, send_frames, send_part
+from ._sending import Behaviour, healthy, send_frames, send_opening, send_part
 
 __all__ = ["WIRE_FAULTS"]
 
@@ -85,7 +84,7 @@ async def chunked_no_end(ex: Exchange) -> Outcome:
     answer = await ex.answer()
     await ex.send_head(answer.status, content_type=answer.content_type, headers=answer.headers)
     if isinstance(answer, Frames):
-        await send_frames(ex, answer, transform=lambda f: b"" if f == DONE else f)
+        await send_frames(ex, answer, transform=lambda f: b"" if answer.is_end(f) else f)
     else:
         await ex.send_data(answer.body)
     await ex.stall()
@@ -93,12 +92,11 @@ async def chunked_no_end(ex: Exchange) -> Outcome:
 
 async def endless_body(ex: Exchange) -> Outcome:
     interval = ex.spec.number("interval")
-    stream = ex.event_stream()
     if ex.stream:
-        await ex.send_head()
-        await ex.send_data(stream.events[0])
+        stream = await send_opening(ex)
         word = stream.chunk({"content": _WORD})
     else:
+        stream = ex.event_stream()
         await ex.send_head()  # chunked application/json
         await ex.send_data(_open_completion(ex, stream.id, stream.created))
         word = _WORD.encode()
@@ -115,7 +113,10 @@ def _open_completion(ex: Exchange, cid: str, created: int) -> bytes:
 
 
 WIRE_FAULTS: dict[str, Behaviour] = {
-    "slow_accept": healthy,  # the pause happens before the request is read (_connection).
+    # Connection level: they act before a request is read (_connection, _tls).
+    "slow_accept": healthy,
+    "refuse": healthy,
+    "tls_stall": healthy,
     "half_close": half_close,
     "cut_after": cut_after,
     "stall_in_headers": stall_in_headers,

@@ -88,14 +88,41 @@ async def hold_the_only_connection(
     return client, holder
 
 
+def sdk_pool_held(client: Any) -> dict[str, int]:
+    """Queued requests and checked-out connections in the pool under an SDK client."""
+    pool = client._client._transport.engine.pool
+    return {
+        "requests": len(pool._requests),
+        "active": sum(1 for c in pool.connections if not c.is_idle() and not c.is_closed()),
+    }
+
+
+class SentClock:
+    """Seconds since the SDK handed its request to the http client: the bounds start there,
+    after the SDK's own preparation (its first call looks up the platform in a thread)."""
+
+    def __init__(self, sdk_client: Any) -> None:
+        self.sent: float | None = None
+        sdk_client._client.event_hooks = {"request": [self._mark], "response": []}
+
+    async def _mark(self, request: Any) -> None:
+        self.sent = time.monotonic()
+
+    def elapsed(self) -> float:
+        assert self.sent is not None, "no request was sent"
+        return time.monotonic() - self.sent
+
+
 class Sent:
     """What a client sent, request by request: seen through an httpx event hook."""
 
     def __init__(self) -> None:
         self.headers: list[dict[str, str]] = []
         self.bodies: list[bytes] = []
+        self.urls: list[httpx.URL] = []
 
     async def hook(self, request: httpx.Request) -> None:
+        self.urls.append(request.url)
         self.headers.append(dict(request.headers))
         self.bodies.append(request.content)
 

@@ -112,7 +112,7 @@ async def test_fault_ends_with_the_bound_that_fired(
     assert err.bound == case.expect.bound
     assert err.limit == limit
     assert err.elapsed is not None and err.elapsed <= elapsed[0] + 0.01
-    assert err.request_id and err.request_id.startswith("sp-")
+    assert err.stallproof_request_id and err.stallproof_request_id.startswith("sp-")
     assert err.bound in str(err) and f"{limit:g}s" in str(err)
     # first_token / idle measure from sending or from the last content, not call start.
     if case.expect.bound in ("total", "read"):
@@ -154,7 +154,7 @@ async def test_broken_answers_fail_fast_with_a_typed_error(
     with stopwatch() as elapsed, pytest.raises(case.expect) as info:
         await complete(client, stream=case.stream, timeout=case.timeouts)
     assert elapsed[0] < 1.0, f"{case.fault} took {elapsed[0]:.3f}s"
-    assert info.value.request_id
+    assert info.value.stallproof_request_id
     assert_pool_clean(client)
 
 
@@ -169,8 +169,9 @@ async def test_status_error_carries_code_body_request_ids_and_retry_after(
     err = info.value
     assert err.status_code == 503
     assert err.retry_after == 7.0
-    assert isinstance(err.body, dict) and "error" in err.body
-    assert err.request_id == "mine-1"
+    assert isinstance(err.body, dict) and "message" in err.body  # the inner error object
+    assert err.stallproof_request_id == "mine-1"
+    assert err.request_id == err.server_request_id  # openai's meaning: the server's id
     assert err.server_request_id
     assert "503" in str(err)
 

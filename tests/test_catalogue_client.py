@@ -26,6 +26,7 @@ LIMITS = stallproof.Limits(max_response_bytes=2 * 1024 * 1024, max_line_bytes=25
 PARAMS: dict[str, dict[str, Any]] = {
     "huge_body": {"size": 8 * 1024 * 1024},
     "token_rate": {"tps": 50},
+    "slicer": {"interval": 0.001},
 }
 TOOLS = [{"type": "function", "function": {"name": "save", "parameters": {"type": "object"}}}]
 TOOL_FAULTS = {"tool_split", "index_gap", "tool_args_unclosed"}
@@ -69,6 +70,10 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "tool_args_unclosed": (OK, OK),
     "json_for_stream": (OK, "MalformedResponse"),
     "status": ("InternalServerError", "InternalServerError"),
+    # A full bucket (3 tokens): served, with x-ratelimit-* headers.
+    "rate_limit": (OK, OK),
+    # Sliced into 8-byte writes, a millisecond apart: slow, whole.
+    "slicer": (OK, OK),
     "slow_first_token": ("FirstTokenTimeout", "FirstTokenTimeout"),
     "token_rate": (OK, OK),
 }

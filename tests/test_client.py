@@ -6,7 +6,9 @@ import json
 import logging
 from typing import Any
 
+import openai
 import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import stallproof
 
@@ -31,14 +33,14 @@ TOOLS = [
 async def test_non_stream_round_trip(fault_server: Any, make_client: Any) -> None:
     client = make_client(fault_server.url())
     resp = await client.chat.completions.create(model="m-1", messages=MSGS, temperature=0.2)
-    assert isinstance(resp, stallproof.ChatCompletion)
+    assert type(resp) is ChatCompletion
     assert resp.id and resp.model == "m-1"
     choice = resp.choices[0]
     assert choice.message.role == "assistant"
     assert isinstance(choice.message.content, str) and choice.message.content
     assert choice.finish_reason == "stop"
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
-    assert resp.to_dict()["id"] == resp.id
+    assert resp.model_dump(exclude_none=True)["id"] == resp.id
 
 
 async def test_stream_round_trip_with_usage(fault_server: Any, make_client: Any) -> None:
@@ -49,7 +51,7 @@ async def test_stream_round_trip_with_usage(fault_server: Any, make_client: Any)
     assert isinstance(stream, stallproof.AsyncStream)
     text, finish, usage = "", None, None
     async for chunk in stream:
-        assert isinstance(chunk, stallproof.ChatCompletionChunk)
+        assert type(chunk) is ChatCompletionChunk
         for c in chunk.choices:
             text += c.delta.content or ""
             finish = c.finish_reason or finish
@@ -94,9 +96,7 @@ async def test_client_reads_openai_environment(
         assert resp.choices
 
 
-async def test_unknown_and_extra_arguments_pass_through(
-    fault_server: Any, make_client: Any
-) -> None:
+async def test_arguments_and_extra_body_reach_the_wire(fault_server: Any, make_client: Any) -> None:
     # The fault server echoes nothing of the body, so look at what goes on the wire.
     client, sent = spying_client(make_client, fault_server.url())
     await client.chat.completions.create(
@@ -104,14 +104,31 @@ async def test_unknown_and_extra_arguments_pass_through(
         messages=MSGS,
         max_tokens=16,
         stop=["\n"],
+        temperature=openai.NOT_GIVEN,  # what frameworks pass by default: left out
+        top_p=openai.omit,
+        stream=openai.NOT_GIVEN,
+        timeout=openai.NOT_GIVEN,
         response_format={"type": "json_object"},
-        top_k=5,  # not an openai argument: passed through (vLLM takes it)
-        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        extra_body={"top_k": 5, "chat_template_kwargs": {"enable_thinking": False}},
     )
     body = json.loads(sent.bodies[0])
     assert body["max_tokens"] == 16 and body["top_k"] == 5 and body["stop"] == ["\n"]
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
-    assert "stream" not in body
+    assert "stream" not in body and "temperature" not in body and "top_p" not in body
+
+
+async def test_a_typo_is_a_type_error_as_in_openai(fault_server: Any, make_client: Any) -> None:
+    client = make_client(fault_server.url())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_token'"):
+        await client.chat.completions.create(model="m", messages=MSGS, max_token=2)
+    with pytest.raises(TypeError, match="missing required keyword argument: 'model'"):
+        await client.chat.completions.create(messages=MSGS)
+    oa = openai.AsyncOpenAI(base_url=fault_server.url(), api_key="k")
+    try:
+        with pytest.raises(TypeError):  # what openai does with the same typo
+            await oa.chat.completions.create(model="m", messages=MSGS, max_token=2)  # type: ignore[call-overload]
+    finally:
+        await oa.close()
 
 
 @pytest.mark.parametrize(

@@ -524,13 +524,15 @@ def test_token_rate_and_jitter(srv: ServerThread) -> None:
 
 
 def test_every_fault_has_a_wire_test() -> None:
-    """Each catalogue fault is driven by name in this file or test_fault_server.py."""
+    """Each catalogue fault is driven by name in this file, test_fault_server.py or
+    test_fault_peers.py."""
     from pathlib import Path
 
     from fault_server import FAULTS
 
     here = Path(__file__)
-    text = (here.parent / "test_fault_server.py").read_text() + here.read_text()
+    others = ("test_fault_server.py", "test_fault_peers.py")
+    text = "".join((here.parent / name).read_text() for name in others) + here.read_text()
     missing = [name for name in FAULTS if f'"{name}"' not in text]
     assert missing == []
 

@@ -406,6 +406,20 @@ def test_openai_sdk_models_and_max_tokens(srv: ServerThread) -> None:
     assert reply.choices[0].finish_reason == "length"
 
 
+def test_embeddings_are_deterministic_unit_vectors(srv: ServerThread) -> None:
+    with openai.OpenAI(base_url=srv.url(), api_key="x", max_retries=0) as client:
+        first = client.embeddings.create(model="e", input=["a b", "c"], dimensions=16)
+        again = client.embeddings.create(model="e", input="a b", dimensions=16)
+    assert [e.index for e in first.data] == [0, 1]
+    vector = first.data[0].embedding
+    assert len(vector) == 16 and vector == again.data[0].embedding
+    assert abs(sum(v * v for v in vector) - 1) < 1e-4
+    assert first.usage.prompt_tokens == first.usage.total_tokens > 0
+    bad = httpx.post(srv.url() + "/embeddings", json={"model": "e", "input": []})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+    assert httpx.get(srv.url() + "/embeddings").status_code == 405
+
+
 def test_request_id_is_echoed(srv: ServerThread) -> None:
     response = httpx.post(
         srv.url() + "/chat/completions", json=CHAT, headers={"x-request-id": "abc-1"}

@@ -68,7 +68,7 @@ async def test_healthy_call_span(fault_server: Any, make_client: Any, spans: Any
     assert a["gen_ai.usage.input_tokens"] == resp.usage.prompt_tokens
     assert a["gen_ai.usage.output_tokens"] == resp.usage.completion_tokens
     assert a["server.address"] == "127.0.0.1" and isinstance(a["server.port"], int)
-    assert a["stallproof.agent"] == "planner" and a["stallproof.label.round"] == "2"
+    assert a["gen_ai.agent.name"] == "planner" and a["stallproof.label.round"] == "2"
     assert a["stallproof.request_id"].startswith("sp-")
     assert "error.type" not in a
     assert "gen_ai.input.messages" not in a  # content is opt-in

@@ -87,7 +87,7 @@ async def test_a_queued_call_fails_at_its_deadline_without_being_sent(
     assert 0.95 <= elapsed[0] <= 1.0 + MARGIN
     err = info.value
     assert isinstance(err, stallproof.TotalTimeout)
-    assert err.phase == "pacer queue" and err.request_id
+    assert err.phase == "pacer queue" and err.stallproof_request_id
     assert "pacer" in str(err)
     assert fault_server.key_stats(fault_key).requests == 0
     assert [c.phase for c in seen] == ["pacer queue"]

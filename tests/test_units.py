@@ -6,9 +6,13 @@ import dataclasses
 import email.utils
 
 import httpx
+import openai
 import pytest
+from openai.types import CreateEmbeddingResponse
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import stallproof
+from stallproof._results import to_result
 from stallproof._sse import LineTooLong, SSEDecoder
 from stallproof._status import parse_retry_after
 
@@ -109,48 +113,108 @@ def test_sse_line_cap_holds_without_a_newline() -> None:
 # -- Models ----------------------------------------------------------------------------
 
 
-def test_models_give_attribute_access_and_keep_extras() -> None:
-    chunk = stallproof.ChatCompletionChunk.from_dict(
+def test_results_are_openai_types_and_keep_extras() -> None:
+    chunk = to_result(
+        ChatCompletionChunk,
         {
             "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
             "choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}}],
             "x_extra": 1,
-        }
+        },
     )
+    assert type(chunk) is ChatCompletionChunk
     assert chunk.choices[0].delta.content is None
-    assert chunk.choices[0].delta.reasoning_content == "hmm"
-    assert chunk.x_extra == 1
-    assert chunk.has_content
+    assert chunk.choices[0].delta.reasoning_content == "hmm"  # type: ignore[attr-defined]
+    assert chunk.model_extra == {"x_extra": 1}
+    assert chunk.model_dump(exclude_none=True)["x_extra"] == 1
     with pytest.raises(AttributeError):
-        _ = chunk.nope
+        _ = chunk.nope  # type: ignore[attr-defined]
+
+
+def test_results_tolerate_what_the_sdk_tolerates() -> None:
+    # No created, no object, an index missing, a finish_reason outside openai's Literal.
+    resp = to_result(
+        ChatCompletion,
+        {
+            "id": "x",
+            "model": "m",
+            "choices": [
+                {"message": {"role": "assistant", "content": "hi"}, "finish_reason": "eos"}
+            ],
+        },
+    )
+    assert isinstance(resp, ChatCompletion)
+    assert resp.object == "chat.completion" and resp.created == 0
+    assert resp.choices[0].message.content == "hi"
+    assert resp.choices[0].finish_reason == "eos"
+
+
+def test_only_fields_a_type_has_are_filled_in() -> None:
+    page = to_result(CreateEmbeddingResponse, {"data": [], "model": "e"})  # no usage, no object
+    assert page.object == "list" and page.model_extra == {}
+
+
+OK_COMPLETION = {
+    "id": "x",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "m",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+    ],
+}
 
 
 @pytest.mark.parametrize(
-    ("data", "path"),
+    ("change", "path"),
     [
-        ({"choices": "x"}, "choices: expected array"),
-        ({"choices": [{"message": {"content": 5}}]}, r"choices\[0\].message.content: expected str"),
-        ({"usage": {"total_tokens": "9"}}, "usage.total_tokens: expected int"),
-        ([], "expected object"),
+        ({"choices": "x"}, "choices"),
+        (
+            {"choices": [{"index": 0, "message": {"role": "assistant", "content": 5}}]},
+            "choices[0].message.content",
+        ),
+        (
+            {"usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": "9"}},
+            "usage.total_tokens",
+        ),
+        ({"created": "yesterday"}, "created"),
+        (
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls",
+                        "message": {
+                            "role": "assistant",
+                            "tool_calls": [
+                                {
+                                    "id": "t",
+                                    "type": "function",
+                                    "function": {"name": "f", "arguments": 7},
+                                }
+                            ],
+                        },
+                    }
+                ]
+            },
+            "choices[0].message.tool_calls[0].function.arguments",
+        ),
     ],
 )
-def test_malformed_fields_name_their_path(data: object, path: str) -> None:
-    with pytest.raises(stallproof.MalformedResponse, match=path):
-        stallproof.ChatCompletion.from_dict(data)
+def test_malformed_fields_name_their_path(change: dict, path: str) -> None:
+    with pytest.raises(stallproof.MalformedResponse) as info:
+        to_result(ChatCompletion, {**OK_COMPLETION, **change})
+    assert info.value.path is not None and info.value.path.startswith(path)
+    assert path in str(info.value)
+    assert isinstance(info.value, openai.APIError)
 
 
-@pytest.mark.parametrize(
-    ("delta", "content"),
-    [
-        ({"role": "assistant", "content": ""}, False),
-        ({}, False),
-        ({"content": "x"}, True),
-        ({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}, True),
-    ],
-)
-def test_what_counts_as_content(delta: dict, content: bool) -> None:
-    chunk = stallproof.ChatCompletionChunk.from_dict({"choices": [{"delta": delta}]})
-    assert chunk.has_content is content
+def test_a_non_object_is_malformed() -> None:
+    with pytest.raises(stallproof.MalformedResponse, match="expected a JSON object, got list"):
+        to_result(ChatCompletion, [])
 
 
 # -- Retry-After -------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import httpx2
+
 import stallproof
 
 
@@ -13,7 +15,7 @@ async def user_code() -> None:
         )
         text: str | None = resp.choices[0].message.content
         calls = resp.choices[0].message.tool_calls or []
-        names: list[str | None] = [c.function.name for c in calls]
+        names: list[str] = [c.function.name for c in calls if c.type == "function"]
         total: int | None = resp.usage.total_tokens if resp.usage else None
 
         stream = await client.chat.completions.create(
@@ -33,3 +35,65 @@ async def user_code() -> None:
             status: int = e.status_code
             del status
         del text, names, total
+
+
+async def drop_in(client: stallproof.Client) -> None:
+    """What code written for openai.AsyncOpenAI checks against: openai's own types."""
+    import httpx
+    import openai
+    import pydantic
+    from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+
+    class Transcript(pydantic.BaseModel):
+        completion: ChatCompletion
+
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+    resp: ChatCompletion = await client.chat.completions.create(
+        model="m", messages=messages, temperature=0.5, max_tokens=5
+    )
+    Transcript(completion=resp)
+    content: str | None = resp.choices[0].message.content
+    created: int = resp.created  # not Optional, as in openai
+    # A typo is a mypy error, as with openai (and a TypeError at run time).
+    await client.chat.completions.create(model="m", messages=messages, max_token=2)  # type: ignore[call-overload]
+    await client.chat.completions.create(model="m", messages=messages, temperature="hot")  # type: ignore[call-overload]
+    fast = client.with_options(max_retries=0, timeout=httpx.Timeout(5.0))
+    raw = await fast.chat.completions.with_raw_response.create(model="m", messages=messages)
+    del raw
+    page = await client.models.list()
+    ids: list[str] = [m.id for m in page.data]
+    vectors = await client.embeddings.create(model="e", input=["a"])
+    first: list[float] = vectors.data[0].embedding
+    try:
+        await client.chat.completions.create(model="m", messages=messages)
+    except openai.RateLimitError as e:
+        status: int = e.status_code
+        server_id: str | None = e.request_id
+        del status, server_id
+    except openai.APITimeoutError as e:
+        request: httpx2.Request = e.request
+        del request
+    await client.close()
+    del content, created, ids, first
+
+
+async def sdk_face_code() -> None:
+    import openai
+    from openai.types.chat import ChatCompletion
+
+    import stallproof.anthropic
+    import stallproof.openai
+
+    client = stallproof.openai.AsyncOpenAI(
+        api_key="sk-...", timeout=stallproof.Timeouts(total=30), retry=stallproof.Retry()
+    )
+    fast: stallproof.openai.AsyncOpenAI = client.with_options(timeout=5, max_retries=1)
+    sdk: openai.AsyncOpenAI = fast  # still the SDK's own client
+    resp: ChatCompletion = await sdk.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}]
+    )
+    calls: tuple[stallproof.InflightCall, ...] = client.inflight()
+    engine: stallproof.Engine = client.engine
+    claude = stallproof.anthropic.AsyncAnthropic(api_key="k", timeout=30)
+    same: stallproof.Engine = claude.with_options(timeout=10).engine
+    del resp, calls, engine, same

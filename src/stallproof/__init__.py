@@ -2,7 +2,13 @@
 
 Every call is bounded in every phase (connect, read, write, pool wait, time to first token,
 stream idle) and by one total deadline that covers them all.
+
+The SDK faces, `stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAnthropic`,
+live in submodules that are imported on first use: ``import stallproof`` imports neither SDK.
 """
+
+import importlib
+from types import ModuleType
 
 from ._breaker import Breaker, CircuitState
 from ._client import Client
@@ -44,20 +50,9 @@ from ._exceptions import (
     WriteTimeout,
 )
 from ._inflight import InflightCall, dump_on_signal, format_inflight, tag
-from ._models import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionMessage,
-    ChatCompletionMessageToolCall,
-    Choice,
-    ChoiceDelta,
-    ChoiceDeltaToolCall,
-    ChoiceDeltaToolCallFunction,
-    ChunkChoice,
-    Function,
-    Usage,
-)
 from ._pacer import Pacer, PacerState
+from ._raw import RawResponse, StreamingResponse
+from ._resources import Embeddings, ModelList, ModelPage, Models
 from ._retry import DEFAULT_RETRY_STATUSES, Retry, RetryBudget
 from ._stream import AsyncStream
 from ._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
@@ -74,15 +69,6 @@ __all__ = [
     "Breaker",
     "CallOptions",
     "Chat",
-    "ChatCompletion",
-    "ChatCompletionChunk",
-    "ChatCompletionMessage",
-    "ChatCompletionMessageToolCall",
-    "Choice",
-    "ChoiceDelta",
-    "ChoiceDeltaToolCall",
-    "ChoiceDeltaToolCallFunction",
-    "ChunkChoice",
     "CircuitOpen",
     "CircuitState",
     "Client",
@@ -95,10 +81,10 @@ __all__ = [
     "DeadlineExceeded",
     "DEFAULT_RETRY_STATUSES",
     "dump_on_signal",
+    "Embeddings",
     "Engine",
     "FirstTokenTimeout",
     "format_inflight",
-    "Function",
     "http_client",
     "http_client2",
     "IdleTimeout",
@@ -107,6 +93,9 @@ __all__ = [
     "InvalidRequestError",
     "Limits",
     "MalformedResponse",
+    "ModelList",
+    "ModelPage",
+    "Models",
     "NotFoundError",
     "Pacer",
     "PacerState",
@@ -115,6 +104,7 @@ __all__ = [
     "PoolTimeout",
     "ProtocolError",
     "RateLimitError",
+    "RawResponse",
     "ReadTimeout",
     "ResponseTooLarge",
     "Retry",
@@ -122,6 +112,7 @@ __all__ = [
     "RetryWouldExceedDeadline",
     "StallproofError",
     "StreamErrorEvent",
+    "StreamingResponse",
     "tag",
     "TimeoutException",
     "Timeouts",
@@ -130,9 +121,18 @@ __all__ = [
     "TruncatedResponse",
     "UnprocessableEntityError",
     "UNSET",
-    "Usage",
     "WriteTimeout",
 ]
+
+_SDK_FACES = ("anthropic", "openai")
+
+
+def __getattr__(name: str) -> ModuleType:
+    # `stallproof.openai` works after a bare `import stallproof`, importing the SDK then.
+    if name in _SDK_FACES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 for _name in __all__:
     _obj = globals()[_name]

@@ -179,11 +179,13 @@ class ResponseBody:
         keep = self._mode != "bytes"
         outcome = self.outcome
         call = self._call
+        telemetry = self._scope.telemetry
         for event in events:  # type: ignore[attr-defined]
             is_content, obj = classify(event, outcome)
             if is_content:
                 content = True
                 call.progress(content=True)
+                telemetry.chunk()
             if keep:
                 self._events.append((event, obj, is_content))
         return content

@@ -64,8 +64,12 @@ class Call:
         labels: Mapping[str, str] | None = None,
         max_attempts: int = 1,
         scope: ActiveDeadline | None = None,
+        method: str = "POST",
+        url: str | None = None,
     ) -> None:
         self.timeouts = timeouts
+        self.method = method
+        self.url = url  # without credentials: errors expose it as ``request.url``
         self.request_id = request_id
         self.stream = stream
         self.model = model
@@ -232,6 +236,8 @@ class Call:
                 scope=self.scope.name,
                 request_id=self.request_id,
                 server_request_id=self.server_request_id,
+                method=self.method,
+                url=self.url,
             )
         cls = exc.TIMEOUT_CLASSES[bound]
         return cls(
@@ -240,6 +246,8 @@ class Call:
             phase=self.phase,
             request_id=self.request_id,
             server_request_id=self.server_request_id,
+            method=self.method,
+            url=self.url,
         )
 
     def error(self, cls: type[E], message: str, **kw: Any) -> E:
@@ -250,6 +258,8 @@ class Call:
             server_request_id=self.server_request_id,
             elapsed=self.elapsed(),
             phase=self.phase,
+            method=self.method,
+            url=self.url,
             **kw,
         )
 
@@ -275,6 +285,8 @@ class Call:
         t = self.timeouts
         try:
             yield
+        except exc.StallproofError:
+            raise  # already ours (and a TimeoutError is an OSError: not a lost connection)
         except httpcore2.ConnectTimeout as e:
             raise self.timeout_error("connect", t.connect) from e
         except httpcore2.ReadTimeout as e:

@@ -79,7 +79,7 @@ class CallScope:
                 agent=call.agent, estimated_tokens=estimated_tokens, deadline=call.total_deadline
             )
         except exc.PacerTimeout as e:
-            e.request_id = call.request_id
+            e.stallproof_request_id = call.request_id
             raise
 
     def admit(self, circuit: Circuit | None) -> None:
@@ -136,14 +136,7 @@ class CallScope:
             o = outcome or Outcome()
             if not complete and telemetry.recording:
                 telemetry.span.set_attribute("stallproof.stream.abandoned", True)
-            telemetry.finished(
-                response_id=o.response_id,
-                response_model=o.response_model,
-                finish_reasons=o.finish_reasons,
-                input_tokens=o.input_tokens,
-                output_tokens=o.output_tokens,
-                output_text="".join(o.text) if o.text is not None else None,
-            )
+            telemetry.finished(o)
         permit, self._permit = self._permit, None
         if permit is not None:
             permit.release(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
+import copy
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+import httpx2
+from openai import NOT_GIVEN, NotGiven
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
@@ -16,23 +17,27 @@ from . import _exceptions as exc
 from ._breaker import Breaker, CircuitState
 from ._completions import Chat
 from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
-from ._engine import CallOptions, Engine, Incoming, Outgoing
+from ._engine import CallOptions, Engine, Incoming
 from ._httpx_pool import HttpxClientPool
 from ._inflight import InflightCall
-from ._models import ChatCompletion
 from ._pacer import Pacer, PacerState
+from ._raw import PerCall, Prepared
+from ._request import is_omitted
+from ._resources import Embeddings, Models
 from ._retry import Retry, RetryBudget
-from ._stream import AsyncStream
+from ._settings import Settings
 
 __all__ = ["Client"]
 
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
-_NO_RETRY = Retry(attempts=1)
-_USER_AGENT = "stallproof/0.1"
+R = TypeVar("R")
 
 
 class Client:
     """An async chat client that cannot hang: a drop-in for ``openai.AsyncOpenAI`` on chat.
+
+    Takes ``openai.AsyncOpenAI``'s arguments (``NOT_GIVEN`` / ``omit`` mean "not given"),
+    returns openai's own result types and raises errors that are also openai's classes.
+    See docs/migrating.md for the few deliberate differences.
 
     Args:
         base_url: e.g. ``"http://127.0.0.1:8000/v1"``. Defaults to ``$OPENAI_BASE_URL``,
@@ -40,11 +45,17 @@ class Client:
         api_key: sent as ``Authorization: Bearer ...``. Defaults to ``$OPENAI_API_KEY``;
             with neither, no Authorization header is sent (local servers often need none).
             The key never appears in a repr, a log line or an exception.
-        timeout: the default bounds of every call: a number (the total budget in seconds)
-            or a `Timeouts`. Each call may override it with ``create(..., timeout=...)``.
+        organization, project: sent as ``OpenAI-Organization`` / ``OpenAI-Project``;
+            default ``$OPENAI_ORG_ID`` / ``$OPENAI_PROJECT_ID``.
+        timeout: the default bounds of every call: a number (the total budget in seconds),
+            a `Timeouts`, or an ``httpx.Timeout`` (its phases replace ours; total stays).
+            Never None: stallproof never runs a call unbounded. Each call may override it
+            with ``create(..., timeout=...)``.
+        max_retries: openai's retry count: ``n`` means ``Retry(attempts=n + 1)``.
         limits: size caps and pool size (`Limits`).
         retry: the default `Retry` policy (3 attempts); None never retries. Each call may
             override it with ``create(..., retry=...)``. Retries always fit in ``total``.
+            Give this or ``max_retries``, not both.
         retry_budget: the `RetryBudget` shared by every call of this client; None lets
             every call retry as its policy says, even when everything is failing.
         breaker: a `Breaker` policy to keep one circuit breaker per upstream; None (the
@@ -53,6 +64,7 @@ class Client:
             and tokens per minute, fair between agents, adaptive under 429); the wait counts
             against the call's total deadline. None (the default): no pacing.
         default_headers: extra headers sent with every request.
+        default_query: query parameters added to every request (Azure's ``api-version``).
         http_client: an ``httpx.AsyncClient`` to send through instead of stallproof's own
             pool (for its proxies, certificates or event hooks). Every bound still holds,
             but its pool is httpcore's, which cancellations can leave with dead slots
@@ -74,13 +86,17 @@ class Client:
         *,
         base_url: str | httpx.URL | None = None,
         api_key: str | None = None,
-        timeout: TimeoutTypes = Timeouts(),  # noqa: B008 - frozen and immutable
+        organization: str | None = None,
+        project: str | None = None,
+        timeout: TimeoutTypes | httpx.Timeout | httpx2.Timeout | NotGiven = NOT_GIVEN,
+        max_retries: int | NotGiven = NOT_GIVEN,
         limits: Limits = Limits(),  # noqa: B008 - frozen and immutable
-        retry: Retry | None = Retry(),  # noqa: B008 - frozen and immutable
+        retry: Retry | Unset | None = UNSET,
         retry_budget: RetryBudget | None = RetryBudget(),  # noqa: B008 - frozen and immutable
         breaker: Breaker | None = None,
         pacer: Pacer | None = None,
         default_headers: Mapping[str, str] | None = None,
+        default_query: Mapping[str, object] | None = None,
         http_client: httpx.AsyncClient | None = None,
         trust_env: bool = True,
         tracer_provider: TracerProvider | None = None,
@@ -88,49 +104,28 @@ class Client:
         provider_name: str = "openai",
         record_content: bool = False,
     ) -> None:
-        if base_url is None:
-            base_url = os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        if api_key is None:
-            api_key = os.environ.get("OPENAI_API_KEY") or None
-        if api_key is not None and not isinstance(api_key, str):
-            raise exc.InvalidRequestError(f"api_key must be a str, got {type(api_key).__name__}")
         if not isinstance(limits, Limits):
             raise exc.InvalidRequestError(f"limits must be a Limits, got {limits!r}")
-        try:
-            url = httpx.URL(str(base_url))
-        except httpx.InvalidURL as e:
-            raise exc.InvalidRequestError(f"invalid base_url: {e}") from None
-        if url.scheme not in ("http", "https") or not url.host:
-            raise exc.InvalidRequestError(
-                f"base_url must be an absolute http(s) URL, got {str(base_url)!r}"
-            )
         if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
             raise exc.InvalidRequestError(
                 f"http_client must be an httpx.AsyncClient, got {type(http_client).__name__}"
             )
-        self.base_url = url.copy_with(path=url.path.rstrip("/") + "/")
-        self._upstream = str(self.base_url)
-        # Joined once: httpx's URL.join costs ~0.4 ms, a third of our per-call overhead.
-        chat_url = self.base_url.join("chat/completions")
-        self._scheme = chat_url.raw_scheme
-        self._host = chat_url.raw_host
-        self._port = chat_url.port
-        self._chat_target = chat_url.raw_path
-        self.timeout = Timeouts.coerce(timeout)
+        self._settings = Settings.make(
+            base_url=base_url,
+            api_key=api_key,
+            organization=organization,
+            project=project,
+            timeout=timeout,
+            max_retries=max_retries,
+            retry=retry,
+            default_headers=default_headers,
+            default_query=default_query,
+        )
         self.limits = limits
-        self._api_key = api_key
-        headers = {"user-agent": _USER_AGENT, "accept": "application/json"}
-        headers.update(default_headers or {})
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
-        self._headers = _encode_headers(headers)
-        if retry is not None and not isinstance(retry, Retry):
-            raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
-        self.retry = retry or _NO_RETRY
         self._engine = Engine(
-            timeout=self.timeout,
+            timeout=self._settings.timeout,
             limits=limits,
-            retry=self.retry,
+            retry=self._settings.retry,
             retry_budget=retry_budget,
             breaker=breaker,
             pacer=pacer,
@@ -141,7 +136,36 @@ class Client:
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
         )
+        self._attach()
+
+    def _attach(self) -> None:
+        s = self._settings
+        self.base_url = s.base_url
+        self.timeout = s.timeout
+        self.retry = s.retry
+        self.max_retries = s.retry.attempts - 1
+        self._upstream = str(s.base_url)
         self.chat = Chat(self)
+        self.models = Models(self)
+        self.embeddings = Embeddings(self)
+
+    def with_options(self, **changes: Any) -> Client:
+        """A client with some settings changed, sharing this one's engine (its pool,
+        retry budget, breaker and pacer), as ``AsyncOpenAI.with_options`` shares its
+        http client. Takes ``base_url``, ``api_key``, ``organization``, ``project``,
+        ``timeout``, ``max_retries``, ``retry``, ``default_headers``, ``default_query``.
+        ``copy`` is the same method.
+
+        Raises:
+            TypeError: an option that cannot change per copy (``limits``, ``http_client``,
+                ``pacer``...): make a new `Client` for those.
+        """
+        new = copy.copy(self)
+        new._settings = self._settings.replace(changes)
+        new._attach()
+        return new
+
+    copy = with_options
 
     def inflight(self, *, stalled_after: float = 5.0) -> tuple[InflightCall, ...]:
         """Every call of this client in progress right now, longest-running first.
@@ -167,14 +191,29 @@ class Client:
 
     @property
     def api_key(self) -> str | None:
-        return self._api_key
+        return self._settings.api_key
+
+    @property
+    def organization(self) -> str | None:
+        return self._settings.organization
+
+    @property
+    def project(self) -> str | None:
+        return self._settings.project
 
     def __repr__(self) -> str:
-        key = "None" if self._api_key is None else "'***'"
+        key = "None" if self._settings.api_key is None else "'***'"
         return f"<stallproof.Client base_url={str(self.base_url)!r} api_key={key}>"
 
     async def aclose(self) -> None:
-        """Close the client's connections (not those of an ``http_client`` passed in)."""
+        """Close the client's connections (not those of an ``http_client`` passed in).
+
+        Copies made by `with_options` share them: closing one closes all, as in openai.
+        """
+        await self._engine.aclose()
+
+    async def close(self) -> None:
+        """`aclose` under openai's name."""
         await self._engine.aclose()
 
     async def __aenter__(self) -> Client:
@@ -190,178 +229,51 @@ class Client:
 
     # -- the one place a request is made -------------------------------------------------
 
-    def _outgoing(
-        self,
-        body: dict[str, Any],
-        options: CallOptions,
-        *,
-        stream: bool,
-        extra_headers: Mapping[str, str | None] | None,
-        extra_query: Mapping[str, Any] | None,
-    ) -> Outgoing:
-        headers = list(self._headers)
-        if stream:
-            headers = [(k, v) for k, v in headers if k != b"accept"]
-            headers.append((b"accept", b"text/event-stream"))
-        if extra_headers:
-            if not isinstance(extra_headers, Mapping):
-                raise exc.InvalidRequestError(
-                    f"extra_headers must be a mapping, got {type(extra_headers).__name__}"
-                )
-            for name, value in extra_headers.items():
-                key = _encode_name(name)
-                headers = [(k, v) for k, v in headers if k != key]
-                if value is not None:  # None: openai's way to remove a default header
-                    headers.append((key, _encode_value(name, value)))
-        try:
-            content = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
-        except (TypeError, ValueError) as e:
-            raise exc.InvalidRequestError(f"request body is not JSON-serialisable: {e}") from None
-        headers.append((b"content-type", b"application/json"))
-        headers.append((b"content-length", str(len(content)).encode()))
-        target = self._chat_target
-        if extra_query:
-            query = httpx.QueryParams(dict(extra_query))
-            target += (b"&" if b"?" in target else b"?") + str(query).encode()
-        return Outgoing(
-            b"POST",
-            self._scheme,
-            self._host,
-            self._port,
-            target,
-            headers,
-            content,
-            options=options,
-        )
-
-    async def _chat(
-        self,
-        body: dict[str, Any],
-        *,
-        stream: bool,
-        timeout: TimeoutTypes | Unset | None,
-        retry: Retry | Unset | None,
-        agent: str | None,
-        labels: Mapping[str, str] | None,
-        extra_headers: Mapping[str, str | None] | None,
-        extra_query: Mapping[str, Any] | None,
-    ) -> ChatCompletion | AsyncStream:
-        if retry is not UNSET and retry is not None and not isinstance(retry, Retry):
-            raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
-        if agent is not None and not isinstance(agent, str):
-            raise exc.InvalidRequestError(f"agent must be a str or None, got {agent!r}")
+    async def _send(
+        self, method: bytes, path: str, body: dict[str, Any] | None, opts: PerCall, *, stream: bool
+    ) -> Incoming:
+        """Send one call through the engine; a non-2xx answer is raised (body released)."""
+        if opts.agent is not None and not isinstance(opts.agent, str):
+            raise exc.InvalidRequestError(f"agent must be a str or None, got {opts.agent!r}")
+        labels = opts.labels
         if labels is not None and (
             not isinstance(labels, Mapping)
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
         ):
             raise exc.InvalidRequestError(f"labels must map str to str, got {labels!r}")
+        retry = opts.retry
+        if is_omitted(retry) or retry is UNSET:
+            retry = self._settings.retry
+        elif retry is not None and not isinstance(retry, Retry):
+            raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
         options = CallOptions(
-            timeouts=self._resolve_timeouts(timeout),
+            timeouts=self._resolve_timeouts(opts.timeout),
             retry=retry,
-            agent=agent,
+            agent=opts.agent,
             labels=labels,
             body=body,
             upstream=self._upstream,
-            operation="chat",
+            operation=path.split("/", 1)[0],
         )
-        out = self._outgoing(
-            body, options, stream=stream, extra_headers=extra_headers, extra_query=extra_query
-        )
+        s = self._settings
+        out = s.outgoing(method, path, body, options, stream=stream)
+        s.add_headers(out, opts.extra_headers)
+        s.add_query(out, opts.extra_query)
         incoming = await self._engine.send(out)
         if incoming.error is not None:
             await incoming.body.aclose()
             raise incoming.error
-        if stream:
-            if not incoming.body.is_stream:
-                raise await _refuse(
-                    incoming, "asked for a stream but the server answered with a JSON body"
-                )
-            return AsyncStream(incoming)
-        if incoming.body.is_stream:
-            raise await _refuse(incoming, "asked for JSON but the server answered with a stream")
-        return await _completion(incoming)
+        return incoming
 
-    def _resolve_timeouts(self, timeout: TimeoutTypes | Unset | None) -> Timeouts:
-        if timeout is UNSET or timeout is None:
-            return self.timeout
-        return Timeouts.coerce(timeout, base=self.timeout)
+    def _resolve_timeouts(self, timeout: object) -> Timeouts:
+        if timeout is UNSET or timeout is None or is_omitted(timeout):
+            # None: openai's "no timeout"; stallproof never runs a call unbounded, so the
+            # client's bounds apply.
+            return self._settings.timeout
+        return Timeouts.coerce(timeout, base=self._settings.timeout)
 
-
-async def _refuse(incoming: Incoming, message: str) -> exc.MalformedResponse:
-    error = incoming.call.error(exc.MalformedResponse, message)
-    await incoming.body.fail(error)
-    return error
-
-
-async def _completion(incoming: Incoming) -> ChatCompletion:
-    """Parse a whole body into a `ChatCompletion`; any failure ends the call with it."""
-    body = incoming.body
-    call = incoming.call
-    content = body.content or b""
-    try:
-        try:
-            data = json.loads(content)
-        except (ValueError, RecursionError):
-            raise call.error(
-                exc.MalformedResponse,
-                f"response body is not JSON ({len(content)} bytes): {content[:80]!r}",
-            ) from None
-        if not isinstance(data, dict):
-            raise call.error(
-                exc.MalformedResponse, f"response body is JSON {type(data).__name__}, not object"
-            )
-        if "error" in data and "choices" not in data:
-            raise call.error(
-                exc.StreamErrorEvent, "the server answered 200 with an error object", body=data
-            )
-        try:
-            result = ChatCompletion.from_dict(data)
-        except exc.MalformedResponse as e:
-            raise call.error(exc.MalformedResponse, e.message) from None
-    except BaseException as e:
-        await body.fail(e)
-        raise
-    outcome = body.outcome
-    outcome.response_id = result.id
-    outcome.response_model = result.model
-    outcome.finish_reasons = [c.finish_reason for c in result.choices if c.finish_reason]
-    usage = result.usage
-    if usage is not None:
-        outcome.note_usage(
-            {
-                "prompt_tokens": usage.prompt_tokens,
-                "completion_tokens": usage.completion_tokens,
-                "total_tokens": usage.total_tokens,
-            }
+    async def _run(self, prepared: Prepared[R]) -> R:
+        incoming = await self._send(
+            prepared.method, prepared.path, prepared.body, prepared.opts, stream=prepared.stream
         )
-    if outcome.text is not None and result.choices:
-        outcome.text.append(result.choices[0].message.content or "")
-    await body.aclose()
-    return result
-
-
-def _encode_name(name: object) -> bytes:
-    if not isinstance(name, str) or not name or not name.isascii():
-        raise exc.InvalidRequestError(f"header name must be a non-empty ASCII str, got {name!r}")
-    return name.lower().encode("ascii")
-
-
-def _encode_value(name: str, value: object) -> bytes:
-    # The value may be a secret: never echo it in the message.
-    if not isinstance(value, str):
-        raise exc.InvalidRequestError(f"header {name!r} must have a str value")
-    if value != value.strip() or any(c in value for c in "\r\n\0"):
-        raise exc.InvalidRequestError(
-            f"header {name!r} has surrounding whitespace or a control character in its "
-            "value (value not shown)"
-        )
-    try:
-        return value.encode("latin-1")
-    except UnicodeEncodeError:
-        raise exc.InvalidRequestError(
-            f"header {name!r} has a character that cannot be sent in HTTP (value not shown)"
-        ) from None
-
-
-def _encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    return [(_encode_name(k), _encode_value(k, v)) for k, v in headers.items()]
+        return await prepared.convert(incoming)

@@ -164,7 +164,7 @@ class Engine:
         pacer: Pacer | None = None,
         pool: Pool | None = None,
         trust_env: bool = True,
-        provider_name: str = "openai",
+        provider_name: str | None = None,
         record_content: bool = False,
         tracer_provider: Any = None,
         meter_provider: Any = None,
@@ -260,6 +260,8 @@ class Engine:
             labels={**tag_labels, **(opts.labels or {})},
             max_attempts=policy.attempts,
             scope=current_deadline(),
+            method=out.method.decode("ascii", "replace"),
+            url=out.url,
         )
         circuit: Circuit | None = None
         if self._breakers is not None:
@@ -276,6 +278,7 @@ class Engine:
             operation=opts.operation or _operation(out.target),
             server_address=out.host.decode("ascii", "replace"),
             server_port=out.port or (443 if out.scheme == b"https" else 80),
+            path=out.target.decode("ascii", "replace"),
         )
         scope = CallScope(call, telemetry, self._calls)
         try:
@@ -322,7 +325,10 @@ class Engine:
                 with attempt:
                     n += 1
                     try:
-                        return await self._attempt(out, scope, circuit, n, policy.attempts)
+                        with scope.telemetry.attempt(n, out.url) as carrier:
+                            return await self._attempt(
+                                out, scope, circuit, n, policy.attempts, carrier
+                            )
                     except _StatusFailure as failure:
                         last = failure
                         raise failure.error from None
@@ -333,13 +339,17 @@ class Engine:
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
     async def _attempt(
-        self, out: Outgoing, scope: CallScope, circuit: Circuit | None, n: int, of: int
+        self,
+        out: Outgoing,
+        scope: CallScope,
+        circuit: Circuit | None,
+        n: int,
+        of: int,
+        carrier: Mapping[str, str],
     ) -> Incoming:
         """One request: send, check the status, read the body or the stream's first content."""
         call = scope.call
         call.start_attempt(n)
-        carrier: dict[str, str] = {}
-        scope.telemetry.attempt_started(n, out.url, carrier)
         headers = [*out.headers, (b"x-stallproof-attempt", f"{n}/{of}".encode())]
         headers.extend((k.encode(), v.encode()) for k, v in carrier.items())
         scope.admit(circuit)

@@ -30,14 +30,32 @@ StallproofError
 └── InvalidRequestError            bad arguments from the caller (also a ValueError)
 ```
 
-Every error carries the call's `request_id` (ours, sent as `x-request-id`) and, when the
-server sent one, `server_request_id`. No message ever contains a header value, so API keys
-cannot leak through an exception.
+Each class is also the openai SDK's class for the same failure, so code written for
+``openai.AsyncOpenAI`` catches ours unchanged:
+
+| stallproof                          | also an instance of                                  |
+|-------------------------------------|------------------------------------------------------|
+| `TimeoutException` (every bound)    | ``openai.APITimeoutError`` and builtin `TimeoutError` |
+| `TransportError`, `CircuitOpen`     | ``openai.APIConnectionError``                        |
+| `TruncatedResponse`, `ResponseTooLarge` | ``openai.APIConnectionError`` (*)              |
+| `ProtocolError`, `StreamErrorEvent` | ``openai.APIError``                                  |
+| `APIStatusError` and subclasses     | ``openai.APIStatusError`` and its class per status   |
+
+(*) As the SDK makes of a body cut off, or refused, on its own transport.
+
+Like openai's, they carry ``message``, ``request``, ``body`` (for a status error, the inner
+``error`` object), ``code``, ``type``, ``param`` and, for status errors, ``response`` and
+``status_code``. ``request_id`` is the *server's* ``x-request-id`` (as in openai);
+``stallproof_request_id`` is ours, sent as ``x-request-id`` and found in our logs and spans.
+No message ever contains a header value, so API keys cannot leak through an exception.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import httpx2
+import openai
 
 __all__ = [
     "APIStatusError",
@@ -74,15 +92,30 @@ __all__ = [
 ]
 
 
+_NO_URL = "https://stallproof.invalid/"
+
+
 class StallproofError(Exception):
     """Root of every error stallproof raises.
 
     Attributes:
-        request_id: the id stallproof sent as ``x-request-id`` (None before a call started).
-        server_request_id: the server's ``x-request-id`` / ``request-id`` header, if it sent one.
+        stallproof_request_id: the id stallproof sent as ``x-request-id`` (None before a
+            call started); our logs and spans carry it.
+        server_request_id: the server's ``x-request-id`` / ``request-id`` header, if it sent
+            one. ``request_id`` is the same value, under openai's name.
         elapsed: seconds from the start of the call to the error, if known.
         phase: the phase the call was in (``"connecting"``, ``"awaiting headers"``...).
+        body, code, type, param: openai's: the server's error object and its fields (None
+            when the server sent none).
+        request: the request, as an ``httpx2.Request`` (openai's ``APIError.request``),
+            built when first read.
+
+    The constructor's ``request_id=`` is ours (`stallproof_request_id`).
     """
+
+    code: str | None = None
+    param: str | None = None
+    type: str | None = None
 
     def __init__(
         self,
@@ -92,25 +125,66 @@ class StallproofError(Exception):
         server_request_id: str | None = None,
         elapsed: float | None = None,
         phase: str | None = None,
+        body: object = None,
+        method: str = "POST",
+        url: str | None = None,
     ) -> None:
-        super().__init__(message)
+        # Not super().__init__: openai's constructors want an httpx response or request,
+        # which are built lazily here (see `request`, `APIStatusError.response`).
+        Exception.__init__(self, message)
         self.message = message
-        self.request_id = request_id
+        self.stallproof_request_id = request_id
         self.server_request_id = server_request_id
         self.elapsed = elapsed
         self.phase = phase
+        self.body = body
+        self.method = method
+        self.url = url
+        if isinstance(body, dict):
+            # As openai's APIError reads them.
+            code = body.get("code")
+            self.code = str(code) if code is not None else None
+            param = body.get("param")
+            self.param = param if isinstance(param, str) else None
+            kind = body.get("type")
+            self.type = kind if isinstance(kind, str) else None
+
+    @property
+    def request_id(self) -> str | None:
+        """The server's request id (openai's meaning); ours is `stallproof_request_id`."""
+        return self.server_request_id
+
+    @request_id.setter
+    def request_id(self, value: str | None) -> None:
+        self.server_request_id = value
+
+    @property
+    def request(self) -> httpx2.Request:
+        """The request that failed (method and URL; never its headers or body)."""
+        request = self.__dict__.get("_request")  # set by the transport adapters
+        if request is None:
+            request = httpx2.Request(self.method, self.url or _NO_URL)
+            self.__dict__["_request"] = request
+        return request
+
+    @request.setter
+    def request(self, value: httpx2.Request) -> None:
+        self.__dict__["_request"] = value
 
     def __str__(self) -> str:
         parts = [self.message]
-        if self.request_id is not None:
-            parts.append(f"request_id={self.request_id}")
+        if self.stallproof_request_id is not None:
+            parts.append(f"stallproof_request_id={self.stallproof_request_id}")
         if self.server_request_id is not None:
             parts.append(f"server_request_id={self.server_request_id}")
         return " ".join(parts) if len(parts) == 1 else f"{parts[0]} ({', '.join(parts[1:])})"
 
 
-class TimeoutException(StallproofError):
-    """A bound fired. ``bound`` names it; ``limit`` is its configured value in seconds."""
+class TimeoutException(StallproofError, openai.APITimeoutError, TimeoutError):
+    """A bound fired. ``bound`` names it; ``limit`` is its configured value in seconds.
+
+    Also an ``openai.APITimeoutError`` and a builtin `TimeoutError`.
+    """
 
     bound: str = "total"
 
@@ -123,6 +197,8 @@ class TimeoutException(StallproofError):
         phase: str | None = None,
         request_id: str | None = None,
         server_request_id: str | None = None,
+        method: str = "POST",
+        url: str | None = None,
     ) -> None:
         if message is None:
             where = f" while {phase}" if phase else ""
@@ -136,6 +212,8 @@ class TimeoutException(StallproofError):
             server_request_id=server_request_id,
             elapsed=elapsed,
             phase=phase,
+            method=method,
+            url=url,
         )
         self.limit = limit
         self.elapsed: float = elapsed
@@ -259,8 +337,10 @@ class PacerTimeout(TotalTimeout):
         self.waited = waited
 
 
-class CircuitOpen(StallproofError):
+class CircuitOpen(StallproofError, openai.APIConnectionError):
     """The upstream's circuit breaker is open; the request was not sent.
+
+    Also an ``openai.APIConnectionError``: the upstream is unreachable for now.
 
     Attributes:
         upstream: the breaker's key (base URL, and model if breakers are per model).
@@ -273,8 +353,8 @@ class CircuitOpen(StallproofError):
         self.retry_in = retry_in
 
 
-class TransportError(StallproofError):
-    """The connection failed underneath the call."""
+class TransportError(StallproofError, openai.APIConnectionError):
+    """The connection failed underneath the call (also an ``openai.APIConnectionError``)."""
 
 
 class ConnectError(TransportError):
@@ -285,19 +365,28 @@ class ConnectionLost(TransportError):
     """The server reset or closed the connection before the response was complete."""
 
 
-class ProtocolError(StallproofError):
-    """The server answered, but not in a form stallproof accepts."""
+class ProtocolError(StallproofError, openai.APIError):
+    """The server answered, but not in a form stallproof accepts (an ``openai.APIError``)."""
 
 
 class MalformedResponse(ProtocolError):
-    """The body was not valid JSON / SSE, or a field had the wrong type."""
+    """The body was not valid JSON / SSE, or a field had the wrong type.
+
+    Attributes:
+        path: where in the JSON the wrong field is (``choices[0].message.content``), when
+            the error is about one field.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.path = path
 
 
-class TruncatedResponse(ProtocolError):
+class TruncatedResponse(ProtocolError, openai.APIConnectionError):
     """The body or stream ended before it was complete."""
 
 
-class ResponseTooLarge(ProtocolError):
+class ResponseTooLarge(ProtocolError, openai.APIConnectionError):
     """A response or an SSE line passed its configured cap (see ``Limits``)."""
 
     def __init__(self, message: str, *, limit: int, **kwargs: Any) -> None:
@@ -305,14 +394,17 @@ class ResponseTooLarge(ProtocolError):
         self.limit = limit
 
 
-class APIStatusError(StallproofError):
-    """The server answered with a non-2xx status.
+class APIStatusError(StallproofError, openai.APIStatusError):
+    """The server answered with a non-2xx status (also an ``openai.APIStatusError``).
 
     Attributes:
         status_code: the HTTP status.
-        body: the parsed JSON body if it was JSON, else the text (capped), else None.
+        body: as openai gives it: the ``error`` object of a JSON body (the whole JSON when
+            it has none), else the text (capped), else None.
         headers: response headers (lower-cased names); never includes request headers.
         retry_after: seconds the server asked us to wait (Retry-After / retry-after-ms), if any.
+        response: the response as an ``httpx2.Response`` (openai's), built when first read.
+        content: the response body as received (capped by ``Limits``).
     """
 
     def __init__(
@@ -323,53 +415,73 @@ class APIStatusError(StallproofError):
         body: object,
         headers: dict[str, str],
         retry_after: float | None = None,
+        content: bytes = b"",
         **kwargs: Any,
     ) -> None:
-        super().__init__(message, **kwargs)
+        super().__init__(message, body=body, **kwargs)
         self.status_code = status_code
-        self.body = body
         self.headers = headers
         self.retry_after = retry_after
+        self.content = content
+
+    @property
+    def response(self) -> httpx2.Response:
+        response = self.__dict__.get("_response")
+        if response is None:
+            response = httpx2.Response(
+                self.status_code,
+                headers=self.headers,
+                content=self.content,
+                request=self.request,
+            )
+            self.__dict__["_response"] = response
+        return response
+
+    @response.setter
+    def response(self, value: httpx2.Response) -> None:
+        self.__dict__["_response"] = value
 
 
-class BadRequestError(APIStatusError):
+class BadRequestError(APIStatusError, openai.BadRequestError):
     """400."""
 
 
-class AuthenticationError(APIStatusError):
+class AuthenticationError(APIStatusError, openai.AuthenticationError):
     """401."""
 
 
-class PermissionDeniedError(APIStatusError):
+class PermissionDeniedError(APIStatusError, openai.PermissionDeniedError):
     """403."""
 
 
-class NotFoundError(APIStatusError):
+class NotFoundError(APIStatusError, openai.NotFoundError):
     """404."""
 
 
-class ConflictError(APIStatusError):
+class ConflictError(APIStatusError, openai.ConflictError):
     """409."""
 
 
-class UnprocessableEntityError(APIStatusError):
+class UnprocessableEntityError(APIStatusError, openai.UnprocessableEntityError):
     """422."""
 
 
-class RateLimitError(APIStatusError):
+class RateLimitError(APIStatusError, openai.RateLimitError):
     """429."""
 
 
-class InternalServerError(APIStatusError):
+class InternalServerError(APIStatusError, openai.InternalServerError):
     """Any status >= 500."""
 
 
-class StreamErrorEvent(StallproofError):
-    """The server sent an error object inside a 200 stream; ``body`` is what it sent."""
+class StreamErrorEvent(StallproofError, openai.APIError):
+    """The server sent an error object inside a 200 stream (an ``openai.APIError``).
+
+    ``body`` is the ``error`` object it sent (the whole event when it has none), as openai.
+    """
 
     def __init__(self, message: str, *, body: object, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.body = body
+        super().__init__(message, body=body, **kwargs)
 
 
 class InvalidRequestError(StallproofError, ValueError):

@@ -56,12 +56,16 @@ class Outcome:
     """What a finished call reports: filled in by `classify` or by a face that parsed it."""
 
     __slots__ = (
+        "cache_read_tokens",
         "finish_reasons",
         "input_tokens",
         "output_tokens",
+        "reasoning_tokens",
         "response_id",
         "response_model",
         "saw_done",
+        "service_tier",
+        "system_fingerprint",
         "text",
         "total_tokens",
     )
@@ -73,6 +77,10 @@ class Outcome:
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
         self.total_tokens: int | None = None
+        self.cache_read_tokens: int | None = None
+        self.reasoning_tokens: int | None = None
+        self.service_tier: str | None = None
+        self.system_fingerprint: str | None = None
         self.saw_done = False
         self.text: list[str] | None = [] if keep_text else None
 
@@ -95,6 +103,18 @@ class Outcome:
             self.total_tokens = total
         elif self.input_tokens is not None and self.output_tokens is not None:
             self.total_tokens = self.input_tokens + self.output_tokens
+        # Chat: prompt/completion_tokens_details; Responses: input/output_tokens_details;
+        # Anthropic: cache_read_input_tokens.
+        inp_details = _dict(usage.get("prompt_tokens_details"), usage.get("input_tokens_details"))
+        out_details = _dict(
+            usage.get("completion_tokens_details"), usage.get("output_tokens_details")
+        )
+        cached = _int(inp_details.get("cached_tokens"), usage.get("cache_read_input_tokens"))
+        if cached is not None:
+            self.cache_read_tokens = cached
+        reasoning = _int(out_details.get("reasoning_tokens"))
+        if reasoning is not None:
+            self.reasoning_tokens = reasoning
 
     def note_body(self, obj: object) -> None:
         """Fill in from a whole (non-stream) response body."""
@@ -118,6 +138,10 @@ class Outcome:
             self.response_id = obj["id"]
         if self.response_model is None and isinstance(obj.get("model"), str):
             self.response_model = obj["model"]
+        if isinstance(obj.get("service_tier"), str):
+            self.service_tier = obj["service_tier"]
+        if isinstance(obj.get("system_fingerprint"), str):
+            self.system_fingerprint = obj["system_fingerprint"]
 
 
 def classify(event: ServerSentEvent, outcome: Outcome) -> tuple[bool, object]:
@@ -218,6 +242,13 @@ def _int(*values: object) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
+
+
+def _dict(*values: object) -> dict[str, Any]:
+    for value in values:
+        if isinstance(value, dict):
+            return value
+    return {}
 
 
 def _list(value: object) -> list[Any]:

@@ -2,50 +2,83 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import openai
+
 from . import _exceptions as exc
 
-__all__ = ["build_body"]
+__all__ = ["build_body", "encode_json", "is_omitted", "model_to_dict"]
 
 
-def _is_omitted(value: object) -> bool:
-    # openai's NOT_GIVEN / omit sentinels mean "leave it out", so code written against
-    # openai that passes them keeps working.
-    return type(value).__name__ in ("NotGiven", "Omit")
+def is_omitted(value: object) -> bool:
+    """openai's ``NOT_GIVEN`` / ``omit``: "leave it out", which frameworks pass by default."""
+    return isinstance(value, (openai.NotGiven, openai.Omit))
+
+
+def model_to_dict(value: object) -> dict[str, Any] | None:
+    """A pydantic model (openai's message objects, ours, the caller's) as a JSON object,
+    as the SDK sends it: unset/None fields left out. None when ``value`` is no such model."""
+    dump = getattr(value, "model_dump", None)
+    if dump is None or isinstance(value, type):
+        return None
+    data = dump(mode="json", exclude_none=True)
+    return data if isinstance(data, dict) else None
+
+
+def _json_default(value: object) -> Any:
+    data = model_to_dict(value)
+    if data is None:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    return data
+
+
+def encode_json(body: Mapping[str, Any]) -> bytes:
+    """The request body as JSON; pydantic models anywhere inside are dumped like the SDK."""
+    try:
+        return json.dumps(body, ensure_ascii=False, allow_nan=False, default=_json_default).encode()
+    except (TypeError, ValueError) as e:
+        raise exc.InvalidRequestError(f"request body is not JSON-serialisable: {e}") from None
+
+
+def _message(i: int, m: object) -> Mapping[str, Any]:
+    if not isinstance(m, Mapping):
+        dumped = model_to_dict(m)
+        if dumped is None:
+            raise exc.InvalidRequestError(
+                f"messages[{i}] must be a mapping or a pydantic model (such as "
+                f"resp.choices[0].message), got {type(m).__name__}"
+            )
+        m = dumped
+    if not isinstance(m.get("role"), str):
+        raise exc.InvalidRequestError(f"messages[{i}] has no 'role' string")
+    return dict(m)
 
 
 def build_body(
-    messages: Iterable[Mapping[str, Any]],
-    model: str,
+    messages: object,
+    model: object,
     stream: bool,
     params: Mapping[str, Any],
     extra_body: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
+    """The JSON body of a chat call: omitted parameters left out, ``extra_body`` on top."""
     if not isinstance(model, str) or not model:
         raise exc.InvalidRequestError(f"model must be a non-empty str, got {model!r}")
-    if not isinstance(stream, bool):
-        raise exc.InvalidRequestError(f"stream must be a bool, got {stream!r}")
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
         raise exc.InvalidRequestError(
             f"messages must be a list of message objects, got {type(messages).__name__}"
         )
-    msgs = list(messages)
+    msgs = [_message(i, m) for i, m in enumerate(messages)]
     if not msgs:
         raise exc.InvalidRequestError("messages must not be empty")
-    for i, m in enumerate(msgs):
-        if not isinstance(m, Mapping):
-            raise exc.InvalidRequestError(
-                f"messages[{i}] must be a mapping, got {type(m).__name__}"
-            )
-        if not isinstance(m.get("role"), str):
-            raise exc.InvalidRequestError(f"messages[{i}] has no 'role' string")
-    body: dict[str, Any] = {"model": model, "messages": [dict(m) for m in msgs]}
+    body: dict[str, Any] = {"model": model, "messages": msgs}
     if stream:
         body["stream"] = True
     for key, value in params.items():
-        if not _is_omitted(value):
+        if not is_omitted(value):
             body[key] = value
     if extra_body:
         body.update(extra_body)

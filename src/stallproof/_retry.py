@@ -204,6 +204,8 @@ def make_retrying(
                 phase="retry wait",
                 request_id=call.request_id,
                 server_request_id=call.server_request_id,
+                method=call.method,
+                url=call.url,
                 retry_after=delay,
                 remaining=max(left, 0.0),
             ) from error

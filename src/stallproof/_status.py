@@ -68,11 +68,15 @@ def status_error_from_body(
             detail = err[:500]
         elif isinstance(body, dict) and isinstance(body.get("message"), str):
             detail = body["message"][:500]
+    if isinstance(body, dict) and "error" in body:
+        body = body["error"]  # openai's APIStatusError.body is the inner error object
     lowered = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
     reason = _REASONS.get(status, "")
     message = f"HTTP {status} {reason}".rstrip()
     if detail:
         message += f": {detail}"
+    if status == 404 and call.url is not None:
+        message += f" ({_where(call.url)})"
     cls = exc.status_error_class(status)
     return call.error(
         cls,
@@ -81,7 +85,18 @@ def status_error_from_body(
         body=body,
         headers=lowered,
         retry_after=parse_retry_after(lowered),
+        content=content,
     )
+
+
+def _where(url: str) -> str:
+    """Which URL a 404 came from, and the usual cause: a base URL without ``/v1``."""
+    bare = url.split("?", 1)[0]  # a query may carry a key: never in a message
+    hint = f"{bare} was not found"
+    path = bare.split("://", 1)[-1].partition("/")[2]
+    if not path.startswith("v1/") and "/v1/" not in f"/{path}":
+        hint += "; the base URL does not end in /v1, which most OpenAI-compatible servers need"
+    return hint
 
 
 _REASONS = {code.value: code.phrase for code in http.HTTPStatus}

@@ -16,11 +16,13 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 
 import httpx
+import httpx2
+from openai.types.chat import ChatCompletionChunk
 
 from . import _exceptions as exc
 from ._body import ResponseBody
 from ._engine import Incoming
-from ._models import ChatCompletionChunk
+from ._results import to_result
 from ._sse import ServerSentEvent
 
 __all__ = ["AsyncStream"]
@@ -39,14 +41,35 @@ class AsyncStream:
         self._body: ResponseBody = incoming.body
         self.status_code = incoming.status
         self.headers = httpx.Headers(incoming.headers)
+        self._response: httpx2.Response | None = None
 
     @property
-    def request_id(self) -> str:
+    def request_id(self) -> str | None:
+        """The server's ``x-request-id`` (openai's meaning)."""
+        return self._call.server_request_id
+
+    @property
+    def stallproof_request_id(self) -> str:
+        """The id stallproof sent as ``x-request-id``, in our logs and spans."""
         return self._call.request_id
 
     @property
     def server_request_id(self) -> str | None:
         return self._call.server_request_id
+
+    @property
+    def response(self) -> httpx2.Response:
+        """The response as openai's ``AsyncStream.response`` (an ``httpx2.Response``):
+        status and headers; closing it closes this stream. Read chunks from the stream,
+        not from it."""
+        if self._response is None:
+            self._response = httpx2.Response(
+                self.status_code,
+                headers=self.headers.raw,
+                stream=_Closer(self),
+                request=httpx2.Request(self._call.method, self._call.url or "http://invalid/"),
+            )
+        return self._response
 
     # -- iteration -----------------------------------------------------------------------
 
@@ -117,19 +140,20 @@ class AsyncStream:
                 exc.StreamErrorEvent,
                 "the server reported an error inside the stream: "
                 f"{message or _excerpt(event.data)}",
-                body=obj,
+                body=err,  # the inner error object, as openai's APIError.body
             )
         if named:
             return None  # other named events (pings, metadata) are not chunks
-        try:
-            return ChatCompletionChunk.from_dict(obj, "chunk")
-        except exc.MalformedResponse as e:
-            raise self._call.error(exc.MalformedResponse, e.message) from None
+        return to_result(ChatCompletionChunk, obj, self._call)
 
     # -- closing -------------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Stop the stream and release its connection. Safe to call more than once."""
+        await self._body.aclose()
+
+    async def close(self) -> None:
+        """`aclose` under openai's name."""
         await self._body.aclose()
 
     async def __aenter__(self) -> AsyncStream:
@@ -142,6 +166,21 @@ class AsyncStream:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class _Closer(httpx2.AsyncByteStream):
+    """The body of `AsyncStream.response`: it yields nothing (chunks are the stream's) and
+    closing it closes the stream, which is what openai's stream helpers do with it."""
+
+    def __init__(self, stream: AsyncStream) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        return
+        yield b""
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 def _excerpt(text: str, limit: int = 120) -> str:

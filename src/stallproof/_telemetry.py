@@ -6,6 +6,17 @@ a child CLIENT span per HTTP attempt following the HTTP client conventions
 (``http.request.resend_count`` on retries). W3C trace context is injected into each
 attempt's request headers.
 
+While an attempt runs its span is the current span, and HTTP client instrumentation
+(``opentelemetry-instrumentation-httpx``) is suppressed for it: the engine's attempt span
+*is* the HTTP client span, so a trace has exactly one per attempt, in the caller's trace,
+and the ``traceparent`` on the wire is that span's.
+
+Metrics follow the GenAI conventions too: ``gen_ai.client.operation.duration``,
+``gen_ai.client.token.usage`` (by ``gen_ai.token.type``),
+``gen_ai.client.operation.time_to_first_chunk`` and ``..time_per_output_chunk``, with the
+bucket boundaries the conventions advise and ``server.address``, ``server.port``,
+``gen_ai.response.model`` and ``error.type`` as attributes.
+
 Only opentelemetry-api is used. With no tracer or meter provider configured, the API hands
 out non-recording spans and no-op instruments: stallproof checks ``is_recording()`` before
 building any attribute, so the cost is a few no-op calls. Prompts and completions are
@@ -14,11 +25,13 @@ never recorded unless ``record_content=True``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -29,8 +42,9 @@ if TYPE_CHECKING:
 
     from ._breaker import CircuitState
     from ._call import Call
+    from ._progress import Outcome
 
-__all__ = ["CallTelemetry", "Telemetry", "logger"]
+__all__ = ["CallTelemetry", "Telemetry", "infer_provider", "logger"]
 
 logger = logging.getLogger("stallproof")
 
@@ -46,6 +60,84 @@ _REQUEST_PARAMS = {
 }
 _BREAKER_VALUES = {"closed": 0, "half-open": 1, "open": 2}
 
+# Bucket boundaries the GenAI conventions advise (the SDK's defaults, 0-10,000 in steps
+# meant for milliseconds, would put nearly every call in the first two buckets).
+DURATION_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+CHUNK_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+TOKEN_BUCKETS = (
+    1,
+    4,
+    16,
+    64,
+    256,
+    1024,
+    4096,
+    16384,
+    65536,
+    262144,
+    1048576,
+    4194304,
+    16777216,
+    67108864,
+)
+
+# The context key HTTP client instrumentations check before making a span of their own
+# (opentelemetry.instrumentation.utils.is_http_instrumentation_enabled); the key object
+# lives in opentelemetry-api, so no instrumentation package is needed to set it.
+_SUPPRESS_HTTP = getattr(otel_context, "_SUPPRESS_HTTP_INSTRUMENTATION_KEY", None)
+
+# Hosts whose provider is certain; anything else is named by the API it speaks.
+_PROVIDER_HOSTS = (
+    ("api.openai.com", "openai"),
+    (".openai.azure.com", "azure.ai.openai"),
+    (".services.ai.azure.com", "azure.ai.inference"),
+    (".models.ai.azure.com", "azure.ai.inference"),
+    ("api.anthropic.com", "anthropic"),
+    ("generativelanguage.googleapis.com", "gcp.gemini"),
+    ("aiplatform.googleapis.com", "gcp.vertex_ai"),
+    ("api.mistral.ai", "mistral_ai"),
+    ("api.groq.com", "groq"),
+    ("api.deepseek.com", "deepseek"),
+    ("api.x.ai", "x_ai"),
+    ("api.perplexity.ai", "perplexity"),
+    ("api.cohere.com", "cohere"),
+    ("api.cohere.ai", "cohere"),
+    (".amazonaws.com", "aws.bedrock"),
+    (".cloud.ibm.com", "ibm.watsonx.ai"),
+)
+
+
+def infer_provider(host: str, path: str = "") -> str:
+    """``gen_ai.provider.name`` for a call to ``host``: the provider when the host is a
+    well-known one, else the API the call speaks (``anthropic`` for the Messages API,
+    ``openai`` for the rest) — as the official OpenAI instrumentation does for any
+    base_url. Pass ``provider_name=`` to a client to name a self-hosted server.
+    """
+    host = host.lower().rstrip(".")
+    for suffix, provider in _PROVIDER_HOSTS:
+        if host == suffix.lstrip(".") or (suffix.startswith(".") and host.endswith(suffix)):
+            if provider == "aws.bedrock" and not host.startswith("bedrock"):
+                continue
+            return provider
+    if path.split("?", 1)[0].rstrip("/").endswith("/messages"):
+        return "anthropic"
+    return "openai"
+
 
 class Telemetry:
     """A client's tracer, meter and instruments."""
@@ -53,7 +145,7 @@ class Telemetry:
     def __init__(
         self,
         *,
-        provider_name: str,
+        provider_name: str | None,
         record_content: bool,
         tracer_provider: trace.TracerProvider | None,
         meter_provider: metrics.MeterProvider | None,
@@ -64,12 +156,28 @@ class Telemetry:
         self.tracer = trace.get_tracer("stallproof", _VERSION, tracer_provider=tracer_provider)
         meter = metrics.get_meter("stallproof", _VERSION, meter_provider=meter_provider)
         self.duration = meter.create_histogram(
-            "gen_ai.client.operation.duration", unit="s", description="Duration of chat calls"
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
         self.ttfc = meter.create_histogram(
             "gen_ai.client.operation.time_to_first_chunk",
             unit="s",
-            description="Time from the start of a streamed call to its first content chunk",
+            description="Time from the start of a streamed call to its first content chunk.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.per_chunk = meter.create_histogram(
+            "gen_ai.client.operation.time_per_output_chunk",
+            unit="s",
+            description="Time between two content chunks of a stream, after the first.",
+            explicit_bucket_boundaries_advisory=CHUNK_BUCKETS,
+        )
+        self.tokens = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
         )
         self.inflight = meter.create_up_down_counter(
             "stallproof.client.inflight", unit="{call}", description="Calls in flight by phase"
@@ -100,8 +208,10 @@ class Telemetry:
         operation: str = "chat",
         server_address: str = "",
         server_port: int = 0,
+        path: str = "",
     ) -> CallTelemetry:
-        return CallTelemetry(self, call, body, operation, server_address, server_port)
+        provider = self.provider_name or infer_provider(server_address, path)
+        return CallTelemetry(self, call, body, operation, provider, server_address, server_port)
 
 
 class CallTelemetry:
@@ -113,6 +223,7 @@ class CallTelemetry:
         call: Call,
         body: Mapping[str, Any],
         operation: str,
+        provider: str,
         server_address: str,
         server_port: int,
     ) -> None:
@@ -122,11 +233,14 @@ class CallTelemetry:
         self.call = call
         self._attempt_span: trace.Span | None = None
         self._ended = False
-        self._ttfc_recorded = False
-        self._base_attrs = {
+        self._last_chunk: float | None = None
+        # Attributes of every metric point (and of the span from its start).
+        self._base_attrs: dict[str, Any] = {
             "gen_ai.operation.name": operation,
-            "gen_ai.provider.name": t.provider_name,
+            "gen_ai.provider.name": provider,
             "gen_ai.request.model": call.model,
+            "server.address": server_address,
+            "server.port": server_port,
         }
         self.span = t.tracer.start_span(
             f"{operation} {call.model}" if call.model else operation,
@@ -137,16 +251,11 @@ class CallTelemetry:
         if self.recording:
             attrs: dict[str, Any] = {
                 "gen_ai.request.stream": call.stream,
-                "server.address": server_address,
-                "server.port": server_port,
                 "stallproof.request_id": call.request_id,
             }
-            for name, key in _REQUEST_PARAMS.items():
-                value = body.get(name)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    attrs[key] = value
+            attrs.update(_request_attributes(body))
             if call.agent is not None:
-                attrs["stallproof.agent"] = call.agent
+                attrs["gen_ai.agent.name"] = call.agent
             for k, v in call.labels.items():
                 attrs[f"stallproof.label.{k}"] = v
             if t.record_content:
@@ -168,6 +277,28 @@ class CallTelemetry:
         self.t.inflight.add(-1, {"stallproof.phase": old})
         self.t.inflight.add(1, {"stallproof.phase": new})
 
+    @contextlib.contextmanager
+    def attempt(self, n: int, url: str) -> Iterator[dict[str, str]]:
+        """Start attempt ``n``'s span and run the attempt with it as the current span.
+
+        Yields the W3C trace-context headers to send. HTTP client instrumentation is
+        suppressed inside: this span is the attempt's HTTP client span, so no second one
+        (in another trace) is made and the ``traceparent`` sent is this span's. The span
+        itself ends in `attempt_ended`.
+        """
+        carrier: dict[str, str] = {}
+        self.attempt_started(n, url, carrier)
+        span = self._attempt_span
+        assert span is not None
+        ctx = trace.set_span_in_context(span)
+        if _SUPPRESS_HTTP is not None:
+            ctx = otel_context.set_value(_SUPPRESS_HTTP, True, ctx)
+        token = otel_context.attach(ctx)
+        try:
+            yield carrier
+        finally:
+            otel_context.detach(token)
+
     def attempt_started(self, n: int, url: str, carrier: MutableMapping[str, str]) -> None:
         """Start attempt ``n``'s span and put its W3C trace context in ``carrier``."""
         self._end_attempt(None)
@@ -188,7 +319,7 @@ class CallTelemetry:
         propagate.inject(carrier, context=trace.set_span_in_context(span))
 
     def attempt_ended(self, error: BaseException | None, status: int | None = None) -> None:
-        outcome = "ok" if error is None else type(error).__name__
+        outcome = "ok" if error is None else self._error_type(error)
         self.t.attempts.add(1, {**self._base_attrs, "stallproof.outcome": outcome})
         self._end_attempt(error, status)
 
@@ -203,10 +334,13 @@ class CallTelemetry:
             if status is not None:
                 span.set_attribute("http.response.status_code", status)
             if error is not None:
-                span.set_attribute("error.type", _error_type(error))
-                span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-                if isinstance(error, exc.TimeoutException):
-                    self._deadline_event(span, error)
+                # An HTTP client span names a failed status by its code (HTTP conventions).
+                error_type = str(status) if status and status >= 400 else self._error_type(error)
+                span.set_attribute("error.type", error_type)
+                span.set_status(Status(StatusCode.ERROR, error_type))
+                fired = self._fired(error)
+                if fired is not None:
+                    self._deadline_event(span, fired)
         span.end()
 
     def retry_scheduled(self, error: BaseException, delay: float) -> None:
@@ -240,43 +374,54 @@ class CallTelemetry:
         )
 
     def first_chunk(self) -> None:
-        if self._ttfc_recorded:
+        """The stream's first content chunk arrived (later calls are no-ops)."""
+        if self._last_chunk is not None:
             return
-        self._ttfc_recorded = True
         ttfc = self.call.elapsed()
+        self._last_chunk = ttfc
         self.t.ttfc.record(ttfc, self._base_attrs)
         if self.recording:
             self.span.set_attribute("gen_ai.response.time_to_first_chunk", ttfc)
 
+    def chunk(self) -> None:
+        """A content chunk arrived: the first sets time to first chunk, each later one
+        records the time since the one before (``time_per_output_chunk``)."""
+        if self._last_chunk is None:
+            self.first_chunk()
+            return
+        now = self.call.elapsed()
+        self.t.per_chunk.record(now - self._last_chunk, self._base_attrs)
+        self._last_chunk = now
+
     # -- the end ---------------------------------------------------------------------------
 
-    def finished(
-        self,
-        *,
-        response_id: str | None,
-        response_model: str | None,
-        finish_reasons: Sequence[str],
-        input_tokens: int | None,
-        output_tokens: int | None,
-        output_text: str | None = None,
-    ) -> None:
+    def finished(self, outcome: Outcome) -> None:
+        """The call succeeded: response attributes, token usage, and the end of the span."""
         if self._ended:
             return
+        if outcome.response_model:
+            self._base_attrs["gen_ai.response.model"] = outcome.response_model
+        usage = {"input": outcome.input_tokens, "output": outcome.output_tokens}
+        for kind, count in usage.items():
+            if count is not None:
+                self.t.tokens.record(count, {**self._base_attrs, "gen_ai.token.type": kind})
         if self.recording:
-            attrs: dict[str, Any] = {"gen_ai.response.finish_reasons": list(finish_reasons)}
-            if response_id:
-                attrs["gen_ai.response.id"] = response_id
-            if response_model:
-                attrs["gen_ai.response.model"] = response_model
-            if input_tokens is not None:
-                attrs["gen_ai.usage.input_tokens"] = input_tokens
-            if output_tokens is not None:
-                attrs["gen_ai.usage.output_tokens"] = output_tokens
-            if self.call.server_request_id:
-                attrs["stallproof.server_request_id"] = self.call.server_request_id
-            if self.t.record_content and output_text is not None:
+            attrs: dict[str, Any] = {"gen_ai.response.finish_reasons": list(outcome.finish_reasons)}
+            optional = {
+                "gen_ai.response.id": outcome.response_id,
+                "gen_ai.response.model": outcome.response_model,
+                "gen_ai.usage.input_tokens": outcome.input_tokens,
+                "gen_ai.usage.output_tokens": outcome.output_tokens,
+                "gen_ai.usage.cache_read.input_tokens": outcome.cache_read_tokens,
+                "gen_ai.usage.reasoning.output_tokens": outcome.reasoning_tokens,
+                "openai.response.service_tier": outcome.service_tier,
+                "openai.response.system_fingerprint": outcome.system_fingerprint,
+                "stallproof.server_request_id": self.call.server_request_id,
+            }
+            attrs.update((k, v) for k, v in optional.items() if v is not None and v != "")
+            if self.t.record_content and outcome.text is not None:
                 attrs["gen_ai.output.messages"] = json.dumps(
-                    [{"role": "assistant", "content": output_text}]
+                    [{"role": "assistant", "content": "".join(outcome.text)}]
                 )
             self.span.set_attributes(attrs)
         self._end(None)
@@ -284,19 +429,21 @@ class CallTelemetry:
     def failed(self, error: BaseException) -> None:
         if self._ended:
             return
-        if isinstance(error, BaseException) and not isinstance(error, Exception):
+        error_type = self._error_type(error)
+        if not isinstance(error, Exception) and error_type == "cancelled":
             # The caller's cancellation: not an error of the call, but the span ends.
             if self.recording:
-                self.span.set_attribute("error.type", "cancelled")
-            self._end(error, status_error=False)
+                self.span.set_attribute("error.type", error_type)
+            self._end(error)
             return
         if self.recording:
-            self.span.set_attribute("error.type", _error_type(error))
+            self.span.set_attribute("error.type", error_type)
             if self.call.server_request_id:
                 self.span.set_attribute("stallproof.server_request_id", self.call.server_request_id)
-            self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-            if isinstance(error, exc.TimeoutException):
-                self._deadline_event(self.span, error)
+            self.span.set_status(Status(StatusCode.ERROR, error_type))
+            fired = self._fired(error)
+            if fired is not None:
+                self._deadline_event(self.span, fired)
         logger.info(
             "call failed: %s: %s",
             type(error).__name__,
@@ -305,12 +452,12 @@ class CallTelemetry:
         )
         self._end(error)
 
-    def _end(self, error: BaseException | None, status_error: bool = True) -> None:
+    def _end(self, error: BaseException | None) -> None:
         self._ended = True
         self._end_attempt(error)
         attrs = dict(self._base_attrs)
         if error is not None:
-            attrs["error.type"] = _error_type(error) if status_error else "cancelled"
+            attrs["error.type"] = self._error_type(error)
         self.t.duration.record(self.call.elapsed(), attrs)
         self.t.inflight.add(-1, {"stallproof.phase": self.call.phase})
         self.span.end()
@@ -333,8 +480,51 @@ class CallTelemetry:
             },
         )
 
+    def _fired(self, error: BaseException) -> exc.TimeoutException | None:
+        """The bound behind ``error``: itself, or the total deadline that cancelled it."""
+        if isinstance(error, exc.TimeoutException):
+            return error
+        if not isinstance(error, Exception) and self.call.remaining() <= 0:
+            # Cancelled by the call's own total deadline (or an enclosing deadline()
+            # scope), which raises its timeout only after this attempt has unwound.
+            return self.call.timeout_error("total")
+        return None
 
-def _error_type(error: BaseException) -> str:
-    if isinstance(error, exc.StallproofError):
-        return f"stallproof.{type(error).__name__}"
-    return type(error).__qualname__
+    def _error_type(self, error: BaseException) -> str:
+        """``error.type``: the stallproof class, naming the bound that fired, or the
+        exception's own name; ``cancelled`` when the caller cancelled the call."""
+        fired = self._fired(error)
+        if fired is not None:
+            error = fired
+        elif not isinstance(error, Exception):
+            return "cancelled"
+        if isinstance(error, exc.StallproofError):
+            return f"stallproof.{type(error).__name__}"
+        return type(error).__qualname__
+
+
+def _request_attributes(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The GenAI request attributes the body has data for."""
+    attrs: dict[str, Any] = {}
+    for name, key in _REQUEST_PARAMS.items():
+        value = body.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            attrs[key] = value
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n != 1:
+        attrs["gen_ai.request.choice.count"] = n
+    stop = body.get("stop", body.get("stop_sequences"))
+    if isinstance(stop, str):
+        attrs["gen_ai.request.stop_sequences"] = [stop]
+    elif isinstance(stop, list) and all(isinstance(x, str) for x in stop):
+        attrs["gen_ai.request.stop_sequences"] = list(stop)
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind in ("json_object", "json_schema"):
+        attrs["gen_ai.output.type"] = "json"
+    elif kind == "text":
+        attrs["gen_ai.output.type"] = "text"
+    tier = body.get("service_tier")
+    if isinstance(tier, str):
+        attrs["openai.request.service_tier"] = tier
+    return attrs

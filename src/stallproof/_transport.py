@@ -109,7 +109,7 @@ def flavoured(error: exc.StallproofError, lib: _Library, request: Any) -> Except
     if cls is None:
         cls = type(type(error).__name__, (type(error), base), {"__module__": "stallproof"})
         _FLAVOURS[key] = cls
-    new: Any = Exception.__new__(cls)
+    new: Any = cls.__new__(cls)  # a TimeoutException is also an OSError: its own __new__
     new.__dict__.update(error.__dict__)
     new.args = error.args
     new._request = request  # what httpx(2).RequestError.request reads

@@ -1,0 +1,231 @@
+"""What the SDK faces share: the engine under an SDK client, and the SDK's settings in
+stallproof's terms.
+
+`stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAnthropic` are the SDKs'
+own clients with one change: every request goes through an `Engine` (as the
+`AsyncTransport2` of their ``httpx2.AsyncClient``), and each request carries this client's
+`Timeouts` and `Retry` to the engine as `CallOptions`. The engine is shared by every
+``copy()`` / ``with_options()`` of a client, like the SDK shares its http client.
+
+How the SDK's settings map:
+
+- ``timeout=``: a `Timeouts` is used as is; a number is the total budget; an
+  ``httpx2.Timeout`` (or ``httpx.Timeout``) sets connect/read/write/pool; None keeps the
+  defaults (stallproof never disables a bound). Per call, ``create(..., timeout=...)``
+  maps the same way on top of the client's bounds.
+- ``max_retries=``: the SDK's own loop is off (``max_retries=0``): the engine retries
+  inside the one total deadline. A ``max_retries=N`` given to the constructor or to
+  ``with_options`` becomes ``Retry(attempts=N + 1)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+import httpx
+import httpx2
+
+from . import _exceptions as exc
+from ._breaker import CircuitState
+from ._config import UNSET, Timeouts, Unset
+from ._engine import CallOptions, Engine
+from ._inflight import InflightCall
+from ._pacer import PacerState
+from ._retry import Retry
+from ._transport import AsyncTransport, AsyncTransport2
+
+__all__ = ["FaceMixin", "Hardening", "harden", "map_timeout", "rebind"]
+
+_PHASES = ("connect", "read", "write", "pool")
+_F = TypeVar("_F", bound="FaceMixin")
+
+
+def map_timeout(value: object, base: Timeouts) -> Timeouts:
+    """An SDK's ``timeout=`` value in stallproof's terms, on top of ``base``.
+
+    Raises:
+        InvalidRequestError: a value that is none of the accepted kinds, or a bad number.
+    """
+    if isinstance(value, Timeouts):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Timeouts.coerce(value, base=base)
+    if isinstance(value, (httpx2.Timeout, httpx.Timeout)):
+        phases = {name: float(v) for name in _PHASES if (v := getattr(value, name)) is not None}
+        return base.replace(**phases) if phases else base
+    if value is None or _not_given(value):
+        return base
+    raise exc.InvalidRequestError(
+        "timeout must be a stallproof.Timeouts, a number of seconds or an httpx2.Timeout, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _not_given(value: object) -> bool:
+    # The SDKs each have their own NotGiven / Omit sentinels; they share the names.
+    return value is UNSET or type(value).__name__ in ("NotGiven", "Omit")
+
+
+def _retry_from(retry: Retry | Unset | None, max_retries: object) -> Retry | Unset | None:
+    if max_retries is UNSET or _not_given(max_retries):
+        return retry
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise exc.InvalidRequestError(f"max_retries must be an int >= 0, got {max_retries!r}")
+    if retry is not UNSET:
+        raise exc.InvalidRequestError(
+            "pass retry= or max_retries=, not both (max_retries=N means Retry(attempts=N + 1))"
+        )
+    if max_retries == 0:
+        return None
+    return Retry(attempts=max_retries + 1)
+
+
+def engine_of(http_client: object) -> Engine | None:
+    """The engine under a client built by `http_client2()` / `http_client()`, if any."""
+    transport = getattr(http_client, "_transport", None)
+    if isinstance(transport, (AsyncTransport, AsyncTransport2)):
+        return transport.engine
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hardening:
+    """One SDK client's link to its engine: the engine, and this client's bounds and retry."""
+
+    engine: Engine
+    timeouts: Timeouts
+    retry: Retry | Unset | None = UNSET
+
+    def call_options(self, per_call_timeout: object, body: object) -> CallOptions:
+        """What one request tells the engine: this client's bounds, tightened per call,
+        and the JSON body the SDK is sending (so the engine need not parse it again)."""
+        return CallOptions(
+            timeouts=map_timeout(per_call_timeout, self.timeouts),
+            retry=self.retry,
+            body=body if isinstance(body, dict) else None,
+        )
+
+    def sdk_timeout(self) -> httpx2.Timeout:
+        """The bounds as the SDK's ``timeout``: its per-phase values match the engine's."""
+        t = self.timeouts
+        return httpx2.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
+
+    def derive(self, *, timeout: object, max_retries: object) -> Hardening:
+        """This link for a ``copy()``: same engine, bounds and retry changed as asked."""
+        timeouts = self.timeouts if _not_given(timeout) else map_timeout(timeout, self.timeouts)
+        retry = _retry_from(UNSET, max_retries)
+        return Hardening(self.engine, timeouts, self.retry if retry is UNSET else retry)
+
+
+def harden(
+    http_client: Any,
+    *,
+    timeout: object,
+    retry: Retry | Unset | None,
+    max_retries: object,
+    settings: dict[str, Any],
+    engine: Engine | None,
+    allow_httpx: bool,
+) -> tuple[Hardening, Any]:
+    """The engine for a new face, and the http client to hand the SDK.
+
+    With no ``http_client``, ``engine`` (or a new one from ``settings``) under a new
+    ``httpx2.AsyncClient``. With one built by stallproof (`http_client2()`, or an
+    ``httpx2.AsyncClient(transport=AsyncTransport2(...))``), its engine.
+    """
+    retry = _retry_from(retry, max_retries)
+    settings = {k: v for k, v in settings.items() if v is not UNSET}
+    if engine is not None and (settings or http_client is not None):
+        given = sorted(settings) + (["http_client"] if http_client is not None else [])
+        raise exc.InvalidRequestError(f"pass an engine or {given}, not both")
+    if engine is not None and not isinstance(engine, Engine):
+        raise exc.InvalidRequestError(f"engine must be an Engine, got {engine!r}")
+    if http_client is None:
+        timeouts = map_timeout(timeout, engine.timeout if engine is not None else Timeouts())
+        if engine is None:
+            if retry is not UNSET:
+                settings["retry"] = retry
+            engine = Engine(timeout=timeouts, **settings)
+        hardening = Hardening(engine, timeouts, retry)
+        client = httpx2.AsyncClient(
+            transport=AsyncTransport2(engine),
+            timeout=hardening.sdk_timeout(),
+            follow_redirects=True,  # as the SDKs' own default clients do
+        )
+        return hardening, client
+    engine = engine_of(http_client)
+    kinds = (httpx2.AsyncClient, httpx.AsyncClient) if allow_httpx else (httpx2.AsyncClient,)
+    if engine is None or not isinstance(http_client, kinds):
+        wanted = "stallproof.http_client2()" + (" or http_client()" if allow_httpx else "")
+        raise exc.InvalidRequestError(
+            f"http_client must be built by {wanted} (or send through stallproof's "
+            f"AsyncTransport2), got {type(http_client).__name__}: stallproof's bounds live "
+            "in the transport"
+        )
+    if settings:
+        raise exc.InvalidRequestError(
+            f"this http_client already has its engine: pass {sorted(settings)} to it, not here"
+        )
+    return Hardening(engine, map_timeout(timeout, engine.timeout), retry), http_client
+
+
+class FaceMixin:
+    """The views and request hook every SDK face adds to the SDK's client."""
+
+    _stallproof: Hardening
+
+    @property
+    def engine(self) -> Engine:
+        """The `Engine` every request of this client (and of its copies) goes through."""
+        return self._stallproof.engine
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """This client's bounds (a call may tighten them with ``timeout=``)."""
+        return self._stallproof.timeouts
+
+    def inflight(self, *, stalled_after: float = 5.0) -> tuple[InflightCall, ...]:
+        """Every call through this client's engine in progress now, longest first."""
+        return self._stallproof.engine.inflight(stalled_after=stalled_after)
+
+    def pacer_state(self) -> PacerState | None:
+        """The pacer's state, or None without a pacer."""
+        return self._stallproof.engine.pacer_state()
+
+    def circuits(self) -> dict[str, CircuitState]:
+        """The breaker's circuits by upstream (empty without a breaker)."""
+        return self._stallproof.engine.circuits()
+
+    def _build_request(self, options: Any, *, retries_taken: int = 0) -> Any:
+        request = super()._build_request(  # type: ignore[misc]
+            options, retries_taken=retries_taken
+        )
+        request.extensions["stallproof"] = self._stallproof.call_options(
+            options.timeout, options.json_data
+        )
+        return request
+
+    def copy(self: _F, *, timeout: Any = UNSET, max_retries: Any = UNSET, **kwargs: Any) -> _F:
+        """The SDK's ``copy()``: the copy shares this client's engine (or takes the one
+        under a new ``http_client``); ``timeout`` and ``max_retries`` change its bounds and
+        its retry policy, as for the constructor. Other arguments are the SDK's."""
+        hardening = self._stallproof.derive(timeout=timeout, max_retries=max_retries)
+        extra = {**kwargs.pop("_extra_kwargs", {}), "_hardening": hardening}
+        copied: _F = super().copy(  # type: ignore[misc]
+            timeout=hardening.timeouts, _extra_kwargs=extra, **kwargs
+        )
+        return copied
+
+    with_options = copy
+
+
+def rebind(hardening: Hardening, http_client: Any) -> Hardening:
+    """A copy's link: its parent's bounds and retry, on the engine of its http client."""
+    engine = engine_of(http_client)
+    if engine is None:
+        raise exc.InvalidRequestError(
+            f"http_client must be built by stallproof.http_client2(), got "
+            f"{type(http_client).__name__}: stallproof's bounds live in the transport"
+        )
+    return dataclasses.replace(hardening, engine=engine)

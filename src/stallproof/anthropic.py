@@ -1,0 +1,109 @@
+"""`AsyncAnthropic`: the anthropic SDK's own client, made impossible to hang.
+
+A subclass of ``anthropic.AsyncAnthropic`` (anthropic >= 2, which runs on httpx2 only):
+every resource, helper, type and error of the SDK works as before. Every request goes
+through stallproof's engine (an `AsyncTransport2` under the SDK's ``httpx2.AsyncClient``),
+the SDK's own retry loop is off (the engine retries inside the one total deadline), and a
+bound that fires reaches you as ``anthropic.APITimeoutError`` whose ``__cause__`` is the
+stallproof error (bound, elapsed, phase) — mid-stream too, where the stock SDK lets the
+raw httpx2 error through. ``first_token`` and ``idle`` count content-bearing events only:
+``ping`` events and empty deltas do not reset them.
+
+Example:
+    >>> from stallproof.anthropic import AsyncAnthropic
+    >>> client = AsyncAnthropic(timeout=stallproof.Timeouts(total=60, idle=20))
+
+Needs ``pip install 'stallproof[anthropic]'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import anthropic
+import httpx2
+
+from ._breaker import Breaker
+from ._config import UNSET, Limits, Timeouts, Unset
+from ._engine import Engine
+from ._pacer import Pacer
+from ._retry import Retry, RetryBudget
+from ._sdk import FaceMixin, Hardening, harden, rebind
+
+__all__ = ["AsyncAnthropic"]
+
+
+class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
+    """``anthropic.AsyncAnthropic`` with stallproof's engine under it.
+
+    Takes the same stallproof arguments as `stallproof.openai.AsyncOpenAI` (``timeout``,
+    ``retry`` or ``max_retries``, ``retry_budget``, ``breaker``, ``pacer``, ``limits``,
+    ``engine``, ``http_client`` from `stallproof.http_client2()`); every other argument is
+    ``anthropic.AsyncAnthropic``'s.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: Timeouts | float | httpx2.Timeout | Any | None = UNSET,
+        retry: Retry | Unset | None = UNSET,
+        max_retries: int | Unset = UNSET,
+        retry_budget: RetryBudget | Unset | None = UNSET,
+        breaker: Breaker | Unset | None = UNSET,
+        pacer: Pacer | Unset | None = UNSET,
+        limits: Limits | Unset = UNSET,
+        engine: Engine | None = None,
+        http_client: httpx2.AsyncClient | None = None,
+        _hardening: Hardening | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if _hardening is not None:  # a copy(): its parent's settings, already mapped
+            self._stallproof = rebind(_hardening, http_client)
+        else:
+            self._stallproof, http_client = harden(
+                http_client,
+                timeout=timeout,
+                retry=retry,
+                max_retries=max_retries,
+                settings={
+                    "retry_budget": retry_budget,
+                    "breaker": breaker,
+                    "pacer": pacer,
+                    "limits": limits,
+                    "provider_name": "anthropic",
+                },
+                engine=engine,
+                allow_httpx=False,
+            )
+        super().__init__(
+            timeout=self._stallproof.sdk_timeout(),
+            max_retries=0,
+            http_client=http_client,
+            **kwargs,
+        )
+
+    def _make_sse_decoder(self, *args: Any, **kwargs: Any) -> Any:
+        return _TranslatingDecoder(super()._make_sse_decoder(*args, **kwargs))
+
+
+class _TranslatingDecoder:
+    """The SDK's SSE decoder, with a transport error met mid-stream raised as the SDK's own
+    class (as openai's stream does, and anthropic's non-stream path does)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+        try:
+            async with aclosing(self._inner.aiter_bytes(iterator)) as events:
+                async for event in events:
+                    yield event
+        except httpx2.TimeoutException as e:
+            raise anthropic.APITimeoutError(request=e.request) from e
+        except httpx2.TransportError as e:
+            raise anthropic.APIConnectionError(request=e.request) from e
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)

@@ -1,0 +1,102 @@
+"""`AsyncOpenAI`: the openai SDK's own client, made impossible to hang.
+
+A subclass of ``openai.AsyncOpenAI``: every resource, type, helper and error of the SDK
+works as before (responses, embeddings, ``parse``, ``with_raw_response``...). What changes:
+
+- every request goes through stallproof's engine (an `AsyncTransport2` under the SDK's
+  ``httpx2.AsyncClient``): one total deadline over the whole call including the engine's
+  retries, per-phase bounds, ``first_token`` and ``idle`` counted on content-bearing SSE
+  events, the breaker, the pacer and the in-flight view;
+- the SDK's own retry loop is off (``max_retries=0``): the engine retries inside the
+  deadline, so retries never multiply the budget;
+- a bound that fires reaches you as ``openai.APITimeoutError`` whose ``__cause__`` is the
+  stallproof error (which bound, the elapsed time, the phase); a connection fault as
+  ``openai.APIConnectionError``, its cause the stallproof error too.
+
+Example:
+    >>> from stallproof.openai import AsyncOpenAI
+    >>> client = AsyncOpenAI(timeout=stallproof.Timeouts(total=30, first_token=10))
+    >>> r = await client.chat.completions.create(model="gpt-4.1", messages=[...])
+
+Needs ``pip install 'stallproof[openai]'`` (openai >= 3).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import httpx2
+import openai
+
+from ._breaker import Breaker
+from ._config import UNSET, Limits, Timeouts, Unset
+from ._engine import Engine
+from ._pacer import Pacer
+from ._retry import Retry, RetryBudget
+from ._sdk import FaceMixin, Hardening, harden, rebind
+
+__all__ = ["AsyncOpenAI"]
+
+
+class AsyncOpenAI(FaceMixin, openai.AsyncOpenAI):
+    """``openai.AsyncOpenAI`` with stallproof's engine under it.
+
+    Args:
+        timeout: a `Timeouts`; a number (the total budget of a call); an
+            ``httpx2.Timeout`` (its connect/read/write/pool); or None (the defaults:
+            stallproof never disables a bound). Per call, ``create(..., timeout=...)``
+            tightens this client's bounds the same way.
+        retry: the engine's `Retry` policy (None: never retry). Default `Retry()`.
+        max_retries: the SDK's argument, kept for compatibility: ``N`` means
+            ``Retry(attempts=N + 1)``. Not both.
+        retry_budget, breaker, pacer, limits: the engine's settings (see `Engine`).
+        engine: an `Engine` to share with other clients, instead of those settings.
+        http_client: optional; one built by `stallproof.http_client2()` (or, the legacy
+            path, `stallproof.http_client()`), whose engine this client then uses.
+        **kwargs: every other argument of ``openai.AsyncOpenAI`` (``api_key``,
+            ``base_url``, ``default_headers``...).
+
+    Raises:
+        InvalidRequestError: a bad setting, or an ``http_client`` with no stallproof
+            engine under it.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: Timeouts | float | httpx2.Timeout | httpx.Timeout | Any | None = UNSET,
+        retry: Retry | Unset | None = UNSET,
+        max_retries: int | Unset = UNSET,
+        retry_budget: RetryBudget | Unset | None = UNSET,
+        breaker: Breaker | Unset | None = UNSET,
+        pacer: Pacer | Unset | None = UNSET,
+        limits: Limits | Unset = UNSET,
+        engine: Engine | None = None,
+        http_client: httpx2.AsyncClient | httpx.AsyncClient | None = None,
+        _hardening: Hardening | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if _hardening is not None:  # a copy(): its parent's settings, already mapped
+            self._stallproof = rebind(_hardening, http_client)
+        else:
+            self._stallproof, http_client = harden(
+                http_client,
+                timeout=timeout,
+                retry=retry,
+                max_retries=max_retries,
+                settings={
+                    "retry_budget": retry_budget,
+                    "breaker": breaker,
+                    "pacer": pacer,
+                    "limits": limits,
+                },
+                engine=engine,
+                allow_httpx=True,
+            )
+        super().__init__(
+            timeout=self._stallproof.sdk_timeout(),
+            max_retries=0,
+            http_client=http_client,  # type: ignore[arg-type]  # httpx too: the legacy path
+            **kwargs,
+        )

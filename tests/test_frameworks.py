@@ -1,0 +1,87 @@
+"""Agent frameworks take `stallproof.Client` where they take an ``openai.AsyncOpenAI``.
+
+pydantic-ai and openai-agents drive the client with their own arguments (``NOT_GIVEN``
+defaults, ``extra_headers``, ``stream_options``), check results against openai's types and
+catch openai's errors; each runs a turn, streams a turn, and meets a stalled server that
+the call's bound ends. Both are asyncio-only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+import stallproof
+
+from .conftest import MARGIN, assert_pool_clean, stopwatch
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # both frameworks run on asyncio only
+
+
+MODEL = "fault-model"
+ECHO = "echo: hello there"
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+async def test_pydantic_ai(fault_server: Any, make_client: Any) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.exceptions import ModelTimeoutError
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    def agent(client: stallproof.Client) -> Agent[None, str]:
+        provider = OpenAIProvider(openai_client=client)  # type: ignore[arg-type]
+        return Agent(OpenAIChatModel(MODEL, provider=provider))
+
+    client = make_client(fault_server.url())
+    result = await agent(client).run("hello there")
+    assert result.output.startswith(ECHO)
+    async with agent(client).run_stream("hello there") as stream:
+        assert (await stream.get_output()).startswith(ECHO)
+    stalled = make_client(fault_server.url("stall_headers", hold=5), timeout=0.5)
+    # pydantic-ai maps openai.APITimeoutError, which ours is, to its ModelTimeoutError.
+    with stopwatch() as elapsed, pytest.raises(ModelTimeoutError) as info:
+        await agent(stalled).run("hello there")
+    assert elapsed[0] <= 0.5 + MARGIN
+    assert any(isinstance(e, stallproof.TotalTimeout) for e in _chain(info.value))
+    assert_pool_clean(client)
+    assert_pool_clean(stalled)
+
+
+async def test_openai_agents(fault_server: Any, make_client: Any) -> None:
+    from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner
+
+    def agent(client: stallproof.Client) -> Agent[None]:
+        model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)  # type: ignore[arg-type]
+        return Agent(name="a", instructions="be brief", model=model)
+
+    config = RunConfig(tracing_disabled=True)
+    client = make_client(fault_server.url())
+    result = await Runner.run(agent(client), "hello there", run_config=config)
+    assert str(result.final_output).startswith(ECHO)
+    streamed = Runner.run_streamed(agent(client), "hello there", run_config=config)
+    async for _ in streamed.stream_events():
+        pass
+    assert str(streamed.final_output).startswith(ECHO)
+    stalled = make_client(fault_server.url("stall_headers", hold=5), timeout=0.5)
+    with stopwatch() as elapsed, pytest.raises(openai.APITimeoutError) as info:
+        await Runner.run(agent(stalled), "hello there", run_config=config)
+    assert elapsed[0] <= 0.5 + MARGIN
+    assert any(isinstance(e, stallproof.TotalTimeout) for e in _chain(info.value))
+    assert_pool_clean(client)
+    assert_pool_clean(stalled)
