@@ -50,6 +50,7 @@ class Acceptor:
 
     def __init__(self, sock: socket.socket, handler: Handler, max_connections: int) -> None:
         self._sock = sock
+        self.port = int(sock.getsockname()[1])
         self._handler = handler
         self._max = max_connections
         self._open = 0
@@ -132,14 +133,16 @@ class Acceptor:
         """Wrap ``conn`` in streams, as `asyncio.start_server` does, and run the handler."""
         try:
             reader = asyncio.StreamReader()
-            protocol = asyncio.StreamReaderProtocol(reader)
+            # The protocol makes the writer itself when given a callback, and then knows it
+            # (StreamWriter.start_tls, which the TLS listener uses, relies on that).
+            made: list[asyncio.StreamWriter] = []
+            protocol = asyncio.StreamReaderProtocol(reader, lambda _, w: made.append(w))
             try:
-                transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
+                await loop.connect_accepted_socket(lambda: protocol, conn)
             except OSError:
                 conn.close()
                 return
-            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-            await self._handler(reader, writer)
+            await self._handler(reader, made[0])
         except asyncio.CancelledError:
             pass  # the server is closing: nobody reads this task's outcome.
         except Exception:  # the handler catches its own; this is a bug, say so once.

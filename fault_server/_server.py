@@ -155,7 +155,7 @@ class FaultServer:
                 self._tls_listener = TlsListener(
                     host, self._state.scenarios, self._max_hold, self._on_connect
                 )
-                await self._tls_listener.open(_BACKLOG)
+                await self._tls_listener.open(_BACKLOG, self._max_connections)
         except BaseException:
             await self.aclose()
             sock.close()
