@@ -12,10 +12,10 @@ usage chunk if asked for, and ``data: [DONE]``. They are read once, front to bac
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from . import _formats
+from ._json_depth import loads as loads_limited
 from ._openai import DONE, Api, ChatRequest, EventStream, Whole, models
 
 __all__ = ["Frames", "LocalFrames", "LocalSource", "UpstreamBroken", "frame_json", "is_done"]
@@ -130,7 +130,7 @@ def frame_json(frame: bytes) -> Any:
     if not lines:
         return None
     try:
-        return json.loads(b"\n".join(lines))
+        return loads_limited(b"\n".join(lines))
     except ValueError:
         return None
 

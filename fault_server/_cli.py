@@ -15,41 +15,46 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
+import logging
+import os
 import signal
 import sys
 import textwrap
 from collections.abc import Sequence
 
 from ._control import catalogue
+from ._log_sink import StderrSink
 from ._recording import RecordingError
-from ._server import FaultServer
+from ._server import MAX_CONNECTIONS, FaultServer
 
-__all__ = ["main"]
+__all__ = ["MODES", "TOKEN_ENV", "main"]
+
+MODES = ("serve", "proxy")
+TOKEN_ENV = "FAULT_SERVER_CONTROL_TOKEN"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, then list the faults or serve until a signal. Returns the exit code."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    proxy = bool(args_list) and args_list[0] == "proxy"
-    if proxy:
-        args_list = args_list[1:]
     parser = argparse.ArgumentParser(
-        prog="fault-server proxy" if proxy else "fault-server",
-        description=(
-            "Forward to a real OpenAI-compatible server and inject faults into its answers."
-            if proxy
-            else "An OpenAI-compatible server that misbehaves on request. "
-            "'fault-server proxy --upstream URL' puts the faults in front of a real one."
-        ),
+        prog="fault-server",
+        description="An OpenAI-compatible server that misbehaves on request.",
         epilog="Select a fault with a base_url like "
         "http://127.0.0.1:8000/fault/trickle_body;interval=0.5/v1 or an "
         "'X-Fault: name;k=v' header. See --list.",
     )
     parser.add_argument(
+        "mode",
+        nargs="?",
+        choices=MODES,
+        default="serve",
+        help="serve: made-up answers (the default); proxy: forward to --upstream, a real "
+        "OpenAI-compatible server, and inject the faults into its answers. "
+        "Flags may come before or after it.",
+    )
+    parser.add_argument(
         "--upstream",
-        required=proxy,
         default=None,
-        help="base URL of the real server, with /v1 (proxy mode)",
+        help="base URL of the real server, with /v1 (proxy mode; required by it)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
@@ -77,16 +82,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--replay", metavar="FILE", help="serve the answers recorded in FILE (by --record)"
     )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help="most connections served at once; more wait in the backlog (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--control-token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"require this token on the /_fault/ control API (default: ${TOKEN_ENV}, which "
+        "keeps it out of the process list)",
+    )
     parser.add_argument("--list", action="store_true", help="print the fault catalogue and exit")
-    args = parser.parse_args(args_list)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.mode == "proxy" and args.upstream is None:
+        parser.error("proxy mode needs --upstream URL")
     if args.list:
         print(_format_catalogue())
         return 0
+    sink = _log_to_stderr()
     if not _is_loopback(args.host):
-        print(
+        sink.write(
             f"fault-server: warning: binding {args.host}, which is not loopback: anyone who can "
-            "reach it can hold connections open on this machine",
-            file=sys.stderr,
+            "reach it can hold connections open on this machine"
         )
     try:
         server = FaultServer(
@@ -97,24 +116,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             tls=args.tls,
             record=args.record,
             replay=args.replay,
+            max_connections=args.max_connections,
+            control_token=args.control_token,
         )
     except ValueError as exc:
         parser.error(str(exc))
     raise_fd_limit()
     try:
-        asyncio.run(_serve(server, args.tls))
+        asyncio.run(_serve(server, sink, args.tls))
     except OSError as exc:
-        print(f"fault-server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        sink.write(f"fault-server: cannot listen on {args.host}:{args.port}: {exc}")
         return 1
     except RecordingError as exc:
-        print(f"fault-server: {exc}", file=sys.stderr)
+        sink.write(f"fault-server: {exc}")
         return 1
     except KeyboardInterrupt:  # where signal handlers cannot be installed.
         pass
+    finally:
+        logging.getLogger().removeHandler(sink)
+        sink.close()
     return 0
 
 
-async def _serve(server: FaultServer, tls: bool = False) -> None:
+def _log_to_stderr() -> StderrSink:
+    """Send warnings (the server's, asyncio's, Python's) to stderr through a `StderrSink`,
+    so that a full stderr pipe never blocks the server."""
+    sink = StderrSink()
+    sink.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger()
+    root.addHandler(sink)
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(True)
+    return sink
+
+
+async def _serve(server: FaultServer, sink: StderrSink, tls: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -126,9 +162,9 @@ async def _serve(server: FaultServer, tls: bool = False) -> None:
         print(server.blackhole_url, flush=True)
         if tls:
             print(server.tls_url(), flush=True)
-            print(f"fault-server: TLS certificate to trust: {server.tls_cert}", file=sys.stderr)
+            sink.write(f"fault-server: TLS certificate to trust: {server.tls_cert}")
         mode = f"proxying {server.upstream}" if server.upstream else "serving"
-        print(f"fault-server: {mode}; Ctrl-C to stop; --list for faults", file=sys.stderr)
+        sink.write(f"fault-server: {mode}; Ctrl-C to stop; --list for faults")
         await stop.wait()
     finally:
         await server.aclose()
@@ -164,7 +200,8 @@ def _is_loopback(host: str) -> bool:
 
 def _format_catalogue() -> str:
     data = catalogue()
-    lines: list[str] = []
+    faults = len(data["faults"]) - 1  # healthy is the absence of a fault.
+    lines: list[str] = [f"{faults} faults, and healthy:"]
 
     def params(items: list[dict[str, object]]) -> None:
         for p in items:

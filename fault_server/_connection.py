@@ -26,6 +26,7 @@ import h11
 
 from ._answer import LocalSource, UpstreamBroken
 from ._behaviours import BEHAVIOURS
+from ._bounded import SeenKeys
 from ._control import PREFIX, control
 from ._exchange import (
     Exchange,
@@ -80,7 +81,7 @@ class Connection:
         self._max_hold = state.max_hold
         self._log = log
         self._conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
-        self._keys_seen: set[tuple[int, str]] = set()
+        self._keys_seen = SeenKeys()
         self._request: h11.Request | None = None
         self._current: RequestLog | None = None  # the journal entry of the request being read.
 
@@ -170,6 +171,8 @@ class Connection:
     async def _next_event(self, deadline: float, *, idle: bool = False) -> h11.Event:
         while True:
             try:
+                if idle:
+                    _check_head_size(self._conn)
                 event = self._conn.next_event()
             except h11.RemoteProtocolError as exc:
                 await self._answer_broken_request(exc)
@@ -213,7 +216,8 @@ class Connection:
             body = await self._read_body(deadline)
             if body is None:
                 return Outcome.CLOSE
-            return await self._send(control(method, path, query, body, self._state), request_id)
+            answer = control(method, path, query, body, self._state, request.headers)
+            return await self._send(answer, request_id)
         self._counters.request()
         log = self._current = self._log.request(method, path)
         log.request_id = self._header(b"x-request-id")
@@ -466,6 +470,24 @@ class Connection:
         except asyncio.CancelledError:
             transport.abort()
             raise
+
+
+def _check_head_size(conn: h11.Connection) -> None:
+    """Refuse a request head longer than `_MAX_HEAD` bytes, blank line included.
+
+    h11's own limit (``max_incomplete_event_size``) looks only at an incomplete head, so a
+    longer head that arrived whole with the bytes read after it (up to ~2 x 64 KiB) passed.
+
+    Raises:
+        h11.RemoteProtocolError: with status hint 431.
+    """
+    buffered, _ = conn.trailing_data
+    if len(buffered) <= _MAX_HEAD:
+        return
+    if buffered.find(b"\n\n", 0, _MAX_HEAD) < 0 and buffered.find(b"\n\r\n", 0, _MAX_HEAD) < 0:
+        raise h11.RemoteProtocolError(
+            f"request head larger than {_MAX_HEAD} bytes", error_status_hint=431
+        )
 
 
 def _with_body(info: RequestInfo, body: bytes) -> RequestInfo:

@@ -6,9 +6,16 @@ any thread: `journal()` returns `ConnectionRecord`s, and `verdict()` (in `_verdi
 the client from them. One lock guards the containers; the live entries are small slotted
 objects whose fields are plain assignments.
 
-It is bounded: the last `connections` connections are kept (10,000 by default) and, per
-connection, the last `per_connection` requests (256), so a benchmark with millions of
-requests or 10,000 held sockets costs a few megabytes at most.
+It is bounded, and the oldest entries go first: at most `JournalLimits.requests` requests
+(100,000 by default), `JournalLimits.connections` connections (10,000) and
+`JournalLimits.bytes` (128 MiB) of charged memory, entries and their text included (a
+request is charged about 1 KiB, plus its strings and indexed values; see `REQUEST_COST`; a
+test measures that the charge covers what the entries really take).
+
+It is indexed: the requests of a key, an ``x-request-id`` or an ``Idempotency-Key`` are
+found without a scan, so a filtered query or a verdict costs O(matching requests), whatever
+the journal holds; an unfiltered query is paged (`Journal.page`). `Journal.forget` drops a
+key's requests at once.
 
 Times are seconds since the server started (`time.monotonic` based).
 """
@@ -17,19 +24,34 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 __all__ = [
+    "CONNECTION_COST",
+    "INDEX_COST",
+    "REQUEST_COST",
+    "TEXT_COST",
     "ConnectionRecord",
     "ConnLog",
     "Journal",
+    "JournalLimits",
     "RequestOutcome",
     "RequestLog",
     "RequestRecord",
 ]
+
+# What an entry is charged, measured with tracemalloc on CPython 3.11 and rounded up: the
+# slotted entry with its floats and its places in the containers; each string, its length
+# plus `TEXT_COST`; each indexed value (key, x-request-id, Idempotency-Key) `INDEX_COST` more,
+# what a value of its own costs in the index. Real use stays below the charge (a test checks).
+REQUEST_COST = 500
+CONNECTION_COST = 600
+TEXT_COST = 50
+INDEX_COST = 350
+_FILTERS = ("key", "request_id", "idempotency_key")
 
 # How a request ended, as the server saw it.
 RequestOutcome = Literal[
@@ -83,7 +105,8 @@ class RequestRecord:
     outcome: RequestOutcome
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # by hand: dataclasses.asdict deep-copies, several times slower for a journal page.
+        return {name: getattr(self, name) for name in _REQUEST_FIELDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +122,8 @@ class ConnectionRecord:
             closed it), ``hold`` (a fault's hold ran out), ``idle`` (no request within
             max_hold), ``done`` (it answered ``Connection: close`` or an unusable
             request), or ``shutdown``.
-        requests: its last requests (at most 256), oldest first.
+        requests: its requests still in the journal (all of them, or those of one page or
+            filter), oldest first.
         requests_total: every request it carried, dropped ones included.
         fault: the connection-level fault it met (``slow_accept;pause=1``), if any.
     """
@@ -115,46 +139,131 @@ class ConnectionRecord:
     fault: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {name: getattr(self, name) for name in _CONNECTION_FIELDS}
         out["requests"] = [r.as_dict() for r in self.requests]
         return out
 
 
+_REQUEST_FIELDS = tuple(f.name for f in fields(RequestRecord))
+_CONNECTION_FIELDS = tuple(f.name for f in fields(ConnectionRecord))
+
+
+@dataclass(frozen=True, slots=True)
+class JournalLimits:
+    """How much the journal keeps; past any of them, the oldest entries are dropped.
+
+    Attributes:
+        requests: most requests kept.
+        connections: most connections kept (with their requests).
+        bytes: most estimated bytes (see `REQUEST_COST`, `CONNECTION_COST`).
+    """
+
+    requests: int = 100_000
+    connections: int = 10_000
+    bytes: int = 128 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "connections", "bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"journal limit {name!r} must be an integer >= 1, got {value!r}")
+
+
 class RequestLog:
-    """The live, mutable entry of one request; `Journal.snapshot` freezes it."""
+    """The live, mutable entry of one request; `Journal.snapshot` freezes it.
+
+    ``key``, ``request_id`` and ``idempotency_key`` are indexed, and they and ``path`` and
+    ``fault`` are charged to the journal's byte budget: assigning them updates both.
+    """
 
     __slots__ = (
+        "_fault",
+        "_idempotency_key",
+        "_key",
+        "_path",
+        "_request_id",
         "bytes_sent",
+        "conn",
+        "cost",
         "ended",
-        "fault",
-        "idempotency_key",
         "index",
-        "key",
         "method",
         "outcome",
-        "path",
-        "request_id",
         "retry_after",
+        "seq",
         "source",
         "started",
         "status",
     )
 
-    def __init__(self, index: int, method: str, path: str, started: float) -> None:
+    def __init__(self, conn: ConnLog, seq: int, index: int, method: str, path: str) -> None:
+        self.conn = conn
+        self.seq = seq  # its place in the whole journal; 0 when not journaled.
         self.index = index
         self.method = method
-        self.path = path
-        self.started = started
-        self.fault = "healthy"
+        self._path = path
+        self.started = conn.journal.now()
+        self._fault = "healthy"
         self.source = "default"
-        self.key: str | None = None
-        self.request_id: str | None = None
-        self.idempotency_key: str | None = None
+        self._key: str | None = None
+        self._request_id: str | None = None
+        self._idempotency_key: str | None = None
         self.status: int | None = None
         self.retry_after: float | None = None
         self.bytes_sent = 0
         self.ended: float | None = None
         self.outcome: RequestOutcome = "running"
+        self.cost = REQUEST_COST + 3 * TEXT_COST + len(method) + len(path) + len(self._fault)
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @path.setter
+    def path(self, value: str) -> None:
+        self.conn.journal.recharge(self, len(value) - len(self._path))
+        self._path = value
+
+    @property
+    def fault(self) -> str:
+        return self._fault
+
+    @fault.setter
+    def fault(self, value: str) -> None:
+        self.conn.journal.recharge(self, len(value) - len(self._fault))
+        self._fault = value
+
+    @property
+    def key(self) -> str | None:
+        return self._key
+
+    @key.setter
+    def key(self, value: str | None) -> None:
+        self.conn.journal.reindex(self, "key", self._key, value)
+        self._key = value
+
+    @property
+    def request_id(self) -> str | None:
+        return self._request_id
+
+    @request_id.setter
+    def request_id(self, value: str | None) -> None:
+        self.conn.journal.reindex(self, "request_id", self._request_id, value)
+        self._request_id = value
+
+    @property
+    def idempotency_key(self) -> str | None:
+        return self._idempotency_key
+
+    @idempotency_key.setter
+    def idempotency_key(self, value: str | None) -> None:
+        self.conn.journal.reindex(self, "idempotency_key", self._idempotency_key, value)
+        self._idempotency_key = value
+
+    def value(self, name: str) -> str | None:
+        """The indexed field ``name``: ``key``, ``request_id`` or ``idempotency_key``."""
+        value: str | None = getattr(self, name)
+        return value
 
 
 class ConnLog:
@@ -163,6 +272,7 @@ class ConnLog:
     __slots__ = (
         "closed",
         "closed_by",
+        "dropped",
         "fault",
         "how",
         "id",
@@ -173,7 +283,7 @@ class ConnLog:
         "total",
     )
 
-    def __init__(self, journal: Journal, id: int, peer: str, opened: float, cap: int) -> None:
+    def __init__(self, journal: Journal, id: int, peer: str, opened: float) -> None:
         self.journal = journal
         self.id = id
         self.peer = peer
@@ -182,16 +292,14 @@ class ConnLog:
         self.closed_by: str | None = None
         self.how: str | None = None
         self.fault: str | None = None
-        self.requests: deque[RequestLog] = deque(maxlen=cap)
+        self.requests: dict[int, RequestLog] = {}  # by index, oldest first.
         self.total = 0
+        self.dropped = False  # evicted from the journal: its next requests are not kept.
 
     def request(self, method: str, path: str) -> RequestLog:
         """Start the entry of a new request on this connection."""
         self.total += 1
-        log = RequestLog(self.total, method, path, self.journal.now())
-        with self.journal.lock:
-            self.requests.append(log)
-        return log
+        return self.journal.add_request(self, method, path)
 
     def end_request(self, log: RequestLog, outcome: RequestOutcome) -> None:
         if log.ended is None:
@@ -206,35 +314,143 @@ class ConnLog:
             self.how = how
 
 
-class Journal:
-    """Bounded, thread-safe record of connections and their requests."""
+Filters = dict[str, str]
 
-    def __init__(self, connections: int = 10_000, per_connection: int = 256) -> None:
+
+class Journal:
+    """Bounded, indexed, thread-safe record of connections and their requests."""
+
+    def __init__(self, limits: JournalLimits | None = None) -> None:
         self.lock = threading.Lock()
+        self.limits = limits or JournalLimits()
         self._t0 = time.monotonic()
-        self._per_connection = per_connection
-        self._conns: deque[ConnLog] = deque(maxlen=connections)
-        self._next = 0
+        self._conns: OrderedDict[int, ConnLog] = OrderedDict()
+        self._requests: OrderedDict[int, RequestLog] = OrderedDict()  # by seq, oldest first.
+        self._index: dict[tuple[str, str], dict[int, RequestLog]] = {}
+        self._next_conn = 0
+        self._next_seq = 0
+        self._bytes = 0
 
     def now(self) -> float:
         """Seconds since the server started."""
         return time.monotonic() - self._t0
 
+    @property
+    def size(self) -> tuple[int, int, int]:
+        """(connections, requests, estimated bytes) held now."""
+        with self.lock:
+            return len(self._conns), len(self._requests), self._bytes
+
+    # -- writing (the server's loop) ----------------------------------------------------
+
     def open(self, peer: str) -> ConnLog:
         with self.lock:
-            self._next += 1
-            log = ConnLog(self, self._next, peer, self.now(), self._per_connection)
-            self._conns.append(log)
+            self._next_conn += 1
+            log = ConnLog(self, self._next_conn, peer, self.now())
+            self._conns[log.id] = log
+            self._bytes += CONNECTION_COST + TEXT_COST + len(peer)
+            self._trim()
         return log
+
+    def add_request(self, conn: ConnLog, method: str, path: str) -> RequestLog:
+        with self.lock:
+            if conn.dropped:
+                return RequestLog(conn, 0, conn.total, method, path)
+            self._next_seq += 1
+            log = RequestLog(conn, self._next_seq, conn.total, method, path)
+            conn.requests[log.index] = log
+            self._requests[log.seq] = log
+            self._bytes += log.cost
+            self._trim()
+        return log
+
+    def recharge(self, log: RequestLog, delta: int) -> None:
+        with self.lock:
+            log.cost += delta
+            if log.seq in self._requests:
+                self._bytes += delta
+                self._trim()
+
+    def reindex(self, log: RequestLog, name: str, old: str | None, new: str | None) -> None:
+        with self.lock:
+            delta = _indexed_cost(new) - _indexed_cost(old)
+            log.cost += delta
+            if log.seq not in self._requests:
+                return
+            if old is not None:
+                self._unindex(log.seq, (name, old))
+            if new is not None:
+                self._index.setdefault((name, new), {})[log.seq] = log
+            self._bytes += delta
+            self._trim()
+
+    def _unindex(self, seq: int, entry: tuple[str, str]) -> None:
+        bucket = self._index.get(entry)
+        if bucket is not None:
+            bucket.pop(seq, None)
+            if not bucket:
+                del self._index[entry]
+
+    def _drop_request(self, log: RequestLog) -> None:
+        """Forget one request (the lock is held)."""
+        if self._requests.pop(log.seq, None) is None:
+            return
+        conn = log.conn
+        conn.requests.pop(log.index, None)
+        if not conn.requests:
+            conn.requests = {}  # a dict keeps its table when emptied: let it go.
+        for name in _FILTERS:
+            value = log.value(name)
+            if value is not None:
+                self._unindex(log.seq, (name, value))
+        self._bytes -= log.cost
+
+    def _drop_connection(self, conn: ConnLog) -> None:
+        for log in list(conn.requests.values()):
+            self._drop_request(log)
+        del self._conns[conn.id]
+        conn.dropped = True
+        self._bytes -= CONNECTION_COST + TEXT_COST + len(conn.peer)
+
+    def _trim(self) -> None:
+        """Drop the oldest entries until every limit holds (the lock is held)."""
+        limits = self.limits
+        while len(self._conns) > limits.connections:
+            self._drop_connection(next(iter(self._conns.values())))
+        while len(self._requests) > limits.requests or (
+            self._bytes > limits.bytes and self._requests
+        ):
+            oldest = next(iter(self._requests.values()))
+            self._drop_request(oldest)
+            conn = oldest.conn
+            if conn.closed is not None and not conn.requests and not conn.dropped:
+                self._drop_connection(conn)  # closed, and all its requests are gone.
+        while self._bytes > limits.bytes and len(self._conns) > 1:
+            self._drop_connection(next(iter(self._conns.values())))
 
     def clear(self) -> None:
         """Forget closed connections, and the past requests of open ones."""
         with self.lock:
-            live = [c for c in self._conns if c.closed is None]
-            self._conns.clear()
-            for conn in live:
-                conn.requests.clear()
-                self._conns.append(conn)
+            for conn in list(self._conns.values()):
+                if conn.closed is None:
+                    for log in list(conn.requests.values()):
+                        self._drop_request(log)
+                else:
+                    self._drop_connection(conn)
+
+    def forget(self, key: str) -> int:
+        """Drop every request of ``key``, and the closed connections left without one;
+        returns how many requests."""
+        with self.lock:
+            logs = list(self._index.get(("key", key), {}).values())
+            for log in logs:
+                self._drop_request(log)
+            for conn in {log.conn.id: log.conn for log in logs}.values():
+                if conn.closed is not None and not conn.requests and not conn.dropped:
+                    self._drop_connection(conn)
+            return len(logs)
+
+    # -- reading (any thread) -----------------------------------------------------------
 
     def snapshot(
         self,
@@ -244,42 +460,97 @@ class Journal:
         idempotency_key: str | None = None,
     ) -> tuple[ConnectionRecord, ...]:
         """Frozen records of the connections, oldest first; filtered, only those with a
-        request that matches every filter given (and only those requests)."""
-        filtered = key is not None or request_id is not None or idempotency_key is not None
-        out = []
+        request that matches every filter given (and only those requests). Filtered, it
+        costs O(matching requests); unfiltered, O(everything)."""
+        filters = _filters(key, request_id, idempotency_key)
+        records, _ = self.page(filters, None, None)
+        return records
+
+    def page(
+        self, filters: Filters, after: tuple[int, int] | None, limit: int | None
+    ) -> tuple[tuple[ConnectionRecord, ...], tuple[int, int] | None]:
+        """Up to ``limit`` requests (None: all) past the cursor ``after`` (a connection id
+        and a request index), grouped by connection; and the cursor of the next page, or
+        None at the end. Connections without a request in the journal come in unfiltered
+        pages, each counted as one request."""
         with self.lock:
-            conns = [(c, list(c.requests)) for c in self._conns]
-        for conn, logs in conns:
-            requests = tuple(_freeze(conn.id, r) for r in logs)
-            if filtered:
-                requests = tuple(
-                    r
-                    for r in requests
-                    if (key is None or r.key == key)
-                    and (request_id is None or r.request_id == request_id)
-                    and (idempotency_key is None or r.idempotency_key == idempotency_key)
-                )
-                if not requests:
-                    continue
-            out.append(
-                ConnectionRecord(
-                    conn.id,
-                    conn.peer,
-                    conn.opened,
-                    conn.closed,
-                    conn.closed_by,
-                    conn.how,
-                    requests,
-                    conn.total,
-                    conn.fault,
-                )
+            groups = (
+                self._filtered(filters)
+                if filters
+                else [(conn, conn.requests) for conn in self._conns.values()]
             )
-        return tuple(out)
+            chosen, cursor = _take_page(groups, after, limit)
+        return tuple(_freeze_connection(conn, logs) for conn, logs in chosen), cursor
+
+    def _filtered(self, filters: Filters) -> list[tuple[ConnLog, dict[int, RequestLog]]]:
+        """The connections with a request matching every filter, each with only those
+        requests; found through the smallest index (the lock is held)."""
+        buckets = [self._index.get((name, value), {}) for name, value in filters.items()]
+        smallest = min(buckets, key=len)
+        grouped: dict[int, tuple[ConnLog, dict[int, RequestLog]]] = {}
+        for log in smallest.values():
+            if all(log.value(name) == value for name, value in filters.items()):
+                grouped.setdefault(log.conn.id, (log.conn, {}))[1][log.index] = log
+        return [grouped[conn_id] for conn_id in sorted(grouped)]
+
+
+def _take_page(
+    conns: Iterable[tuple[ConnLog, dict[int, RequestLog]]],
+    after: tuple[int, int] | None,
+    limit: int | None,
+) -> tuple[list[tuple[ConnLog, list[RequestLog]]], tuple[int, int] | None]:
+    """The connections and requests of one page, and the next page's cursor (or None).
+
+    A connection without a request counts as one; a page ends within a connection when
+    that connection has more requests than the page has room for.
+    """
+    out: list[tuple[ConnLog, list[RequestLog]]] = []
+    taken = 0
+    cursor: tuple[int, int] | None = None
+    for conn, requests in conns:
+        if after is not None and conn.id < after[0]:
+            continue
+        logs = list(requests.values())
+        if after is not None and conn.id == after[0]:
+            logs = [log for log in logs if log.index > after[1]]
+            if not logs:
+                continue
+        if limit is not None:
+            if taken >= limit:
+                return out, cursor
+            logs = logs[: limit - taken]
+        taken += max(1, len(logs))
+        out.append((conn, logs))
+        cursor = (conn.id, logs[-1].index if logs else 0)
+    return out, None
+
+
+def _indexed_cost(value: str | None) -> int:
+    return 0 if value is None else len(value) + TEXT_COST + INDEX_COST
+
+
+def _filters(key: str | None, request_id: str | None, idempotency_key: str | None) -> Filters:
+    given = {"key": key, "request_id": request_id, "idempotency_key": idempotency_key}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def requests_of(records: Iterable[ConnectionRecord]) -> list[RequestRecord]:
     """Every request of ``records``, in the order they started."""
     return sorted((r for c in records for r in c.requests), key=lambda r: r.started)
+
+
+def _freeze_connection(conn: ConnLog, logs: list[RequestLog]) -> ConnectionRecord:
+    return ConnectionRecord(
+        conn.id,
+        conn.peer,
+        conn.opened,
+        conn.closed,
+        conn.closed_by,
+        conn.how,
+        tuple(_freeze(conn.id, log) for log in logs),
+        conn.total,
+        conn.fault,
+    )
 
 
 def _freeze(connection: int, log: RequestLog) -> RequestRecord:

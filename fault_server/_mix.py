@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._bounded import touch
 from ._faults import FaultSpec, FaultSpecError
 from ._scenarios import spec_of
 
@@ -110,7 +112,7 @@ class MixState:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._mix: Mix | None = None
-        self._draws: dict[str | None, int] = {}
+        self._draws: OrderedDict[str | None, int] = OrderedDict()  # capped at MAX_KEYS.
 
     @property
     def mix(self) -> Mix | None:
@@ -120,7 +122,7 @@ class MixState:
         """Install ``mix`` (None: no mix) and restart every key's draws."""
         with self._lock:
             self._mix = mix
-            self._draws = {}
+            self._draws = OrderedDict()
 
     def draw(self, key: str | None) -> tuple[FaultSpec | None, bool]:
         """(the fault drawn or None for healthy, whether a draw happened at all)."""
@@ -128,6 +130,11 @@ class MixState:
         if mix is None or (mix.key is not None and mix.key != key):
             return None, False
         with self._lock:
-            n = self._draws.get(key, 0)
+            n = touch(self._draws, key, 0)
             self._draws[key] = n + 1
         return mix.pick(key, n), True
+
+    def forget(self, key: str) -> bool:
+        """Restart ``key``'s draws; whether it had any."""
+        with self._lock:
+            return self._draws.pop(key, None) is not None

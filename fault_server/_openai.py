@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._json_depth import loads as loads_limited
+
 __all__ = [
     "DONE",
     "MODELS",
@@ -147,7 +149,7 @@ def parse_chat(body: bytes) -> ChatRequest:
         RequestError: the body is not JSON, or a field has the wrong type.
     """
     try:
-        data = json.loads(body)
+        data = loads_limited(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -185,8 +187,8 @@ def load_object(body: bytes) -> dict[str, Any]:
         RequestError: the body is not JSON (or nested too deeply to read), or not an object.
     """
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        data = loads_limited(body)
+    except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise RequestError(f"request body must be a JSON object, not {type(data).__name__}")

@@ -19,7 +19,7 @@ from ._journal import ConnectionRecord
 from ._mix import Mix
 from ._scenarios import Rule
 from ._scope import FaultScope
-from ._server import FaultServer
+from ._server import MAX_CONNECTIONS, FaultServer
 from ._stats import KeyStats, ServerStats
 from ._verdict import Verdict
 
@@ -33,7 +33,8 @@ class ServerThread:
     """A handle on a `FaultServer` that runs in a daemon thread; same URLs and stats.
 
     Args:
-        host, port, max_hold, upstream: as for `FaultServer`.
+        host, port, max_hold, upstream, max_connections, control_token: as for
+            `FaultServer`.
 
     Example:
         >>> with fault_server.running() as srv:  # doctest: +SKIP
@@ -50,6 +51,8 @@ class ServerThread:
         tls: bool = False,
         record: str | os.PathLike[str] | None = None,
         replay: str | os.PathLike[str] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        control_token: str | None = None,
     ) -> None:
         self._server = FaultServer(
             host=host,
@@ -59,6 +62,8 @@ class ServerThread:
             tls=tls,
             record=record,
             replay=replay,
+            max_connections=max_connections,
+            control_token=control_token,
         )
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -267,6 +272,10 @@ class ServerThread:
         """As `FaultServer.verdict`."""
         return self._server.verdict(key, request_id=request_id, idempotency_key=idempotency_key)
 
+    def forget(self, key: str) -> dict[str, int]:
+        """As `FaultServer.forget`."""
+        return self._server.forget(key)
+
     def scope(self, key: str) -> FaultScope:
         """As `FaultServer.scope`."""
         return FaultScope(self, key)
@@ -282,6 +291,8 @@ def running(
     tls: bool = False,
     record: str | os.PathLike[str] | None = None,
     replay: str | os.PathLike[str] | None = None,
+    max_connections: int = MAX_CONNECTIONS,
+    control_token: str | None = None,
 ) -> Iterator[ServerThread]:
     """Run a `FaultServer` in a daemon thread for the duration of a ``with`` block.
 
@@ -297,6 +308,8 @@ def running(
         tls=tls,
         record=record,
         replay=replay,
+        max_connections=max_connections,
+        control_token=control_token,
     )
     thread.start()
     try:

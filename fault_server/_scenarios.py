@@ -22,6 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._bounded import MAX_RULES
 from ._faults import FaultSpec, FaultSpecError, ParamValue, parse_fault
 
 __all__ = [
@@ -170,9 +171,11 @@ class Rule:
             )
         if "fault" not in data:
             raise FaultSpecError("a scenario needs 'fault', a spec like 'status;code=503'")
-        match = data.get("match") or {}
-        if not isinstance(match, dict):
-            raise FaultSpecError(f"'match' must be a JSON object, got {match!r}")
+        match = data.get("match")
+        if match is None:  # absent or null: every request, like an empty object.
+            match = {}
+        if not isinstance(match, dict):  # "" or [] or false would silently match everything.
+            raise FaultSpecError(f"'match' must be a JSON object or null, got {match!r}")
         fields = {"key", "path", "method", "stream", "model"}
         if set(match) - fields:
             raise FaultSpecError(
@@ -239,14 +242,41 @@ class Scenarios:
                     self._rules[i] = live
                     break
             else:
+                self._make_room(1)
                 self._rules.append(live)
             return _snapshot(live)
 
+    def _make_room(self, n: int) -> None:
+        """Drop the oldest exhausted rules until ``n`` more fit under `MAX_RULES` (the
+        lock is held).
+
+        Raises:
+            FaultSpecError: if live rules alone would exceed it.
+        """
+        excess = len(self._rules) + n - MAX_RULES
+        if excess <= 0:
+            return
+        exhausted = [i for i, r in enumerate(self._rules) if r.remaining == 0][:excess]
+        if len(exhausted) < excess:
+            raise FaultSpecError(
+                f"at most {MAX_RULES} rules can be armed at once; clear some first"
+            )
+        dropped = set(exhausted)
+        self._rules = [r for i, r in enumerate(self._rules) if i not in dropped]
+
     def replace(self, rules: list[Rule], key: str | None = None) -> None:
         """Replace every rule (or, with ``key``, every rule matching that key) at once."""
+        if len(rules) > MAX_RULES:
+            raise FaultSpecError(f"at most {MAX_RULES} rules can be armed at once")
         with self._lock:
             kept = [] if key is None else [r for r in self._rules if r.rule.match.key != key]
-            self._rules = kept + [_Live(rule) for rule in rules]
+            old, self._rules = self._rules, kept
+            try:
+                self._make_room(len(rules))
+            except FaultSpecError:
+                self._rules = old
+                raise
+            self._rules += [_Live(rule) for rule in rules]
 
     def clear(self, key: str | None = None) -> int:
         """Disarm every rule (or those whose match has ``key``); returns how many."""

@@ -4,7 +4,7 @@ A session-wide server is shared by every test; a key keeps what one test arms, c
 judges apart from the others. A scope puts that key on everything: the URLs it builds carry
 it, the scenarios it arms match only it, its stats, journal and verdict are its own, and
 `clear` disarms only its rules. The ``fault_scope`` pytest fixture gives each test one and
-clears it afterwards.
+forgets it afterwards.
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ class _Server(Protocol):
         request_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> Verdict: ...
+
+    def forget(self, key: str) -> dict[str, int]: ...
 
 
 class FaultScope:
@@ -182,6 +184,12 @@ class FaultScope:
         mix = self.server.mix
         if mix is not None and mix.key == self.key:
             self.server.clear_mix()
+
+    def forget(self) -> None:
+        """`clear`, then drop everything the server keeps for this key: journal entries,
+        counts, mix draws. The ``fault_scope`` fixture does it when its test ends."""
+        self.clear()
+        self.server.forget(self.key)
 
     def stats(self) -> KeyStats:
         return self.server.key_stats(self.key)

@@ -12,8 +12,10 @@ from types import TracebackType
 
 import anyio
 
+from ._accept import Acceptor
 from ._blackhole import Blackhole
 from ._connection import Connection
+from ._control_guard import ControlGuard
 from ._faults import FaultSpec, ParamValue
 from ._journal import ConnectionRecord
 from ._mix import Mix
@@ -21,6 +23,7 @@ from ._refused import RefusedPort
 from ._replay import Replay
 from ._scenarios import Match, Rule, build_spec
 from ._scope import FaultScope
+from ._shutdown import collector_paused
 from ._state import ServerState
 from ._stats import KeyStats, ServerStats
 from ._tls import TLS_SUPPORTED, TlsListener
@@ -32,6 +35,7 @@ __all__ = ["FaultServer"]
 logger = logging.getLogger("fault_server")
 
 _SHUTDOWN = 0.5  # bounds how long aclose() waits for cancelled connections to finish.
+MAX_CONNECTIONS = 20_000  # the default cap on connections served at once.
 _BACKLOG = 4096  # Linux's default somaxconn: bursts of connects are queued, not dropped.
 
 
@@ -56,11 +60,16 @@ class FaultServer:
             (JSON Lines, emptied at start), for ``replay``.
         replay: serve the answers recorded in this file instead of making them up (or
             asking an upstream); faults apply to them as to a live upstream's.
+        max_connections: most connections served at once; past it the server stops
+            accepting until one closes, and new clients wait in the kernel's backlog.
+        control_token: if given, every ``/_fault/`` control request over HTTP must carry it
+            (``Authorization: Bearer <token>`` or ``X-Fault-Token``); see `ControlGuard`.
 
     Raises:
         ValueError: for a port outside 0..65535, a max_hold that is not a positive number,
             an upstream that is not an http(s) URL, tls on Python 3.10, record without
-            upstream, or replay with upstream.
+            upstream, replay with upstream, a max_connections below 1, or a control_token
+            that is empty or not printable ASCII.
 
     Example:
         >>> async with FaultServer() as srv:  # doctest: +SKIP
@@ -77,6 +86,8 @@ class FaultServer:
         tls: bool = False,
         record: str | os.PathLike[str] | None = None,
         replay: str | os.PathLike[str] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        control_token: str | None = None,
     ) -> None:
         if record is not None and upstream is None:
             raise ValueError("record= needs upstream=: it records a real server's answers")
@@ -96,9 +107,20 @@ class FaultServer:
         self._host = host
         self._port = port
         self._max_hold = float(max_hold)
-        self._state = ServerState(self._max_hold, upstream=_upstream(upstream, record, replay))
+        if (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or max_connections < 1
+        ):
+            raise ValueError(f"max_connections must be an integer >= 1, got {max_connections!r}")
+        self._max_connections = max_connections
+        self._state = ServerState(
+            self._max_hold,
+            upstream=_upstream(upstream, record, replay),
+            guard=ControlGuard(control_token),
+        )
         self._counters = self._state.counters
-        self._server: asyncio.Server | None = None
+        self._server: Acceptor | None = None
         self._address: tuple[str, int] | None = None
         self._blackhole: Blackhole | None = None
         self._refused: RefusedPort | None = None
@@ -123,7 +145,8 @@ class FaultServer:
         try:
             if self._state.upstream is not None:
                 await self._state.upstream.start()
-            self._server = await asyncio.start_server(self._on_connect, sock=sock, backlog=_BACKLOG)
+            self._server = Acceptor(sock, self._on_connect, self._max_connections)
+            self._server.start()
             self._blackhole = Blackhole(host)
             await self._blackhole.open()
             self._refused = RefusedPort(host)
@@ -132,7 +155,7 @@ class FaultServer:
                 self._tls_listener = TlsListener(
                     host, self._state.scenarios, self._max_hold, self._on_connect
                 )
-                await self._tls_listener.open(_BACKLOG)
+                await self._tls_listener.open(_BACKLOG, self._max_connections)
         except BaseException:
             await self.aclose()
             sock.close()
@@ -145,18 +168,20 @@ class FaultServer:
         if self._server is not None:
             self._server.close()
         tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            # Connection tasks never end with an exception (_on_connect catches them all),
-            # so waiting for them is enough: there is no outcome left to retrieve.
-            _, pending = await asyncio.wait(tasks, timeout=_SHUTDOWN)
-            if pending:
-                logger.warning(
-                    "fault_server: %d connection(s) still ending after %s s",
-                    len(pending),
-                    _SHUTDOWN,
-                )
+        pending: set[asyncio.Task[None]] = set()
+        with collector_paused():
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                # Connection tasks never end with an exception (_on_connect catches them
+                # all), so waiting for them is enough: there is no outcome left to retrieve.
+                _, pending = await asyncio.wait(tasks, timeout=_SHUTDOWN)
+        if pending:
+            logger.warning(
+                "fault_server: %d connection(s) still ending after %s s",
+                len(pending),
+                _SHUTDOWN,
+            )
         if self._tls_listener is not None:
             await self._tls_listener.close()
         if self._blackhole is not None:
@@ -438,6 +463,12 @@ class FaultServer:
         if key is None and request_id is None and idempotency_key is None:
             raise ValueError("verdict() needs a key, a request_id or an idempotency_key")
         return judge(self.journal(key, request_id=request_id, idempotency_key=idempotency_key))
+
+    def forget(self, key: str) -> dict[str, int]:
+        """Drop everything the server keeps for ``key``: its journal entries, its counts
+        (its ``first=N`` sequence starts over), its mix draws and its rules. Safe from any
+        thread. Returns how many ``requests``, ``counts``, ``rules`` and ``draws`` went."""
+        return self._state.forget(key)
 
     def scope(self, key: str) -> FaultScope:
         """A `FaultScope`: URLs, scenarios, stats and verdicts for one key."""

@@ -16,6 +16,7 @@ from ._answer import Frames, frame_json, is_done
 from ._exchange import Exchange, Outcome
 from ._formats import api_error
 from ._formats import error_event as api_error_event
+from ._json_depth import loads as loads_limited
 from ._openai import DONE, Whole
 from ._sending import Behaviour, chat_only, healthy, send_frames, send_opening
 from ._tools import (
@@ -260,7 +261,7 @@ def _null_usage(frame: bytes) -> bytes:
 
 def _json(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return loads_limited(body)
     except ValueError:
         return None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ._buckets import Buckets
+from ._control_guard import ControlGuard
 from ._journal import Journal
 from ._mix import MixState
 from ._scenarios import Scenarios
@@ -25,6 +26,7 @@ class ServerState:
     mix: MixState = field(default_factory=MixState)
     upstream: Upstream | None = None
     buckets: Buckets = field(default_factory=Buckets)
+    guard: ControlGuard = field(default_factory=ControlGuard)
 
     def reset(self) -> None:
         """Zero the counts, restart the sequences and the mix's draws, empty the journal,
@@ -33,3 +35,13 @@ class ServerState:
         self.journal.clear()
         self.mix.set(self.mix.mix)
         self.buckets.clear()
+
+    def forget(self, key: str) -> dict[str, int]:
+        """Drop everything kept for ``key``: its journal entries, counts (its ``first=N``
+        sequence), mix draws and rules. Returns how much of each went."""
+        return {
+            "requests": self.journal.forget(key),
+            "counts": int(self.counters.forget(key)),
+            "rules": self.scenarios.clear(key),
+            "draws": int(self.mix.forget(key)),
+        }

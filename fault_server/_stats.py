@@ -7,7 +7,10 @@ runner's callers), so one lock guards them; it is held only for a few integer up
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
+
+from ._bounded import SeenKeys, touch
 
 __all__ = ["Counters", "KeyStats", "ServerStats"]
 
@@ -50,7 +53,8 @@ class Counters:
         self._accepted = 0
         self._open = 0
         self._requests = 0
-        self._keys: dict[str, list[int]] = {}  # key -> [requests, connections, faulted]
+        # key -> [requests, connections, faulted]; the least recently seen go past MAX_KEYS.
+        self._keys: OrderedDict[str, list[int]] = OrderedDict()
         self._epoch = 0  # bumped by reset(), so connections re-count their keys.
 
     def connection_opened(self) -> None:
@@ -66,13 +70,13 @@ class Counters:
         with self._lock:
             self._requests += 1
 
-    def key_request(self, key: str, seen: set[tuple[int, str]]) -> int:
+    def key_request(self, key: str, seen: SeenKeys) -> int:
         """Count one request carrying ``key`` and return its ordinal (1 for the first).
 
         ``seen`` is the connection's own memory of the keys it already counted.
         """
         with self._lock:
-            entry = self._keys.setdefault(key, [0, 0, 0])
+            entry = touch(self._keys, key, [0, 0, 0])
             entry[0] += 1
             if (self._epoch, key) not in seen:
                 seen.add((self._epoch, key))
@@ -81,7 +85,7 @@ class Counters:
 
     def key_faulted(self, key: str) -> None:
         with self._lock:
-            self._keys.setdefault(key, [0, 0, 0])[2] += 1
+            touch(self._keys, key, [0, 0, 0])[2] += 1
 
     def reset(self) -> None:
         """Zero every count but ``connections_open``, which stays a true gauge."""
@@ -90,6 +94,11 @@ class Counters:
             self._requests = 0
             self._keys.clear()
             self._epoch += 1
+
+    def forget(self, key: str) -> bool:
+        """Drop ``key``'s counts (its ``first=N`` sequence starts over); whether it had any."""
+        with self._lock:
+            return self._keys.pop(key, None) is not None
 
     def snapshot(self) -> ServerStats:
         with self._lock:

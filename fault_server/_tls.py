@@ -27,6 +27,7 @@ from pathlib import Path
 
 import anyio
 
+from ._accept import Acceptor
 from ._scenarios import Scenarios
 
 __all__ = ["TLS_SUPPORTED", "TlsListener", "self_signed"]
@@ -137,7 +138,7 @@ class TlsListener:
         self._serve = serve
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._context: ssl.SSLContext | None = None
-        self._server: asyncio.Server | None = None
+        self._server: Acceptor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.cert: Path | None = None
 
@@ -145,19 +146,20 @@ class TlsListener:
     def port(self) -> int:
         if self._server is None:
             raise RuntimeError("the TLS listener is not open")
-        return int(self._server.sockets[0].getsockname()[1])
+        return self._server.port
 
-    async def open(self, backlog: int) -> None:
-        """Make the certificate (off the loop) and listen."""
+    async def open(self, backlog: int, max_connections: int) -> None:
+        """Make the certificate (off the loop) and listen, serving at most
+        ``max_connections`` at once (see `Acceptor`)."""
         self._dir = tempfile.TemporaryDirectory(prefix="fault_server_tls_")
         cert, key = await anyio.to_thread.run_sync(self_signed, self._host, Path(self._dir.name))
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         self._context, self.cert = context, cert
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        self._server = await asyncio.start_server(
-            self._on_connect, self._host, 0, family=family, backlog=backlog
-        )
+        sock = socket.create_server((self._host, 0), family=family, backlog=backlog)
+        self._server = Acceptor(sock, self._on_connect, max_connections)
+        self._server.start()
 
     async def close(self) -> None:
         """Stop listening, end the handshakes and stalls under way, delete the files."""

@@ -26,6 +26,7 @@ import httpx
 
 from ._answer import Frames, UpstreamBroken, frame_json
 from ._exchange import Source
+from ._json_depth import loads as loads_limited
 from ._openai import Api, ChatRequest, Whole, chat_chunk, error
 from ._recording import Recorder, request_key
 
@@ -274,7 +275,7 @@ class UpstreamFrames(Frames):
 
 def _with_stream(body: bytes, stream: bool) -> bytes:
     try:
-        data = json.loads(body)
+        data = loads_limited(body)
     except ValueError:
         return body
     if not isinstance(data, dict):

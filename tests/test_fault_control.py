@@ -33,6 +33,9 @@ from .test_fault_server import (
 __all__ = ["no_server_errors", "own", "srv"]  # fixtures, used by name.
 
 
+JSON = {"Content-Type": "application/json"}  # what every control write must say.
+
+
 def codes(url: str, n: int, **kwargs: Any) -> list[int]:
     with httpx.Client() as client:
         return [client.get(url + "/models", **kwargs).status_code for _ in range(n)]
@@ -40,7 +43,7 @@ def codes(url: str, n: int, **kwargs: Any) -> list[int]:
 
 def control(srv: ServerThread, method: str, path: str, body: object = None) -> httpx.Response:
     content = None if body is None else json.dumps(body).encode()
-    return httpx.request(method, f"{srv.base_url}/_fault/{path}", content=content)
+    return httpx.request(method, f"{srv.base_url}/_fault/{path}", content=content, headers=JSON)
 
 
 # -- scenarios ------------------------------------------------------------------------------
@@ -229,7 +232,8 @@ def test_bad_control_input_gets_a_clear_400(
     srv: ServerThread, method: str, path: str, body: object, status: int, words: list[str]
 ) -> None:
     content = body if isinstance(body, bytes) else None if body is None else json.dumps(body)
-    response = httpx.request(method, f"{srv.base_url}/_fault/{path}", content=content)
+    url = f"{srv.base_url}/_fault/{path}"
+    response = httpx.request(method, url, content=content, headers=JSON)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     if status == 400:

@@ -787,7 +787,7 @@ def test_stats_and_reset(own: ServerThread, fault_key: str) -> None:
         assert client.get(own.base_url + "/_fault/list").json()["faults"][0]["name"] == "healthy"
         stats = own.stats()
         assert (stats.connections_accepted, stats.connections_open, stats.requests) == (1, 1, 2)
-        assert client.post(own.base_url + "/_fault/reset").json()["requests"] == 0
+        assert client.post(own.base_url + "/_fault/reset", json={}).json()["requests"] == 0
     assert own.key_stats(fault_key) == KeyStats()
     deadline = time.monotonic() + 2
     while own.stats().connections_open and time.monotonic() < deadline:
@@ -950,7 +950,8 @@ async def test_a_fault_runs_in_two_tasks_and_shuts_down_quietly() -> None:
         await asyncio.sleep(0.12)  # a few keep-alive sleeps in.
         new = asyncio.all_tasks() - before - {asyncio.current_task()}
         assert sorted(t.get_name() for t in new if t.get_name().startswith("fault_")) == [
-            "fault_server.watch"
+            "fault_server.connection",
+            "fault_server.watch",
         ]
         assert len(new) == 2, new
         writer.transport.abort()  # the client leaves as the server stops.

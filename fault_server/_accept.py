@@ -1,0 +1,152 @@
+"""`Acceptor`: the server's accept loop, which stays calm when the machine runs dry.
+
+It replaces `asyncio.start_server` for two reasons. When the process is out of file
+descriptors (EMFILE, ENFILE) asyncio logs a traceback per failed ``accept()`` and retries at
+once, which pegged a core and wrote megabytes of tracebacks a second. And a server holding
+stalled connections on purpose needs a cap on how many it holds.
+
+- **A cap**: at most ``max_connections`` are served at once. At the cap the acceptor stops
+  calling ``accept()``, so new clients wait in the kernel's backlog (their ``connect()``
+  succeeds; beyond the backlog their SYNs are dropped and they retry), and it resumes as
+  soon as one connection ends.
+- **Out of descriptors**: the acceptor logs one warning for the episode, waits (until a
+  connection ends, or at most `_RETRY_MAX` seconds, doubling from `_RETRY_MIN`) and tries
+  again; it logs one line more (at INFO) when it accepts again. No traceback, no busy loop.
+
+It has the `close()`/`wait_closed()` surface of `asyncio.Server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+__all__ = ["Acceptor"]
+
+logger = logging.getLogger("fault_server")
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+_RETRY_MIN = 0.01
+_RETRY_MAX = 0.5  # bounds how long an accept waits after descriptors are freed elsewhere.
+_FAIR = 64  # accepts in a row before the acceptor lets the connections run.
+
+
+class Acceptor:
+    """Accepts connections on ``sock`` (bound and listening) and runs ``handler`` on each.
+
+    Args:
+        sock: the listening socket; the acceptor owns it from now on.
+        handler: called with the streams of each connection, in a task of its own.
+        max_connections: most handlers running at once.
+    """
+
+    def __init__(self, sock: socket.socket, handler: Handler, max_connections: int) -> None:
+        self._sock = sock
+        self.port = int(sock.getsockname()[1])
+        self._handler = handler
+        self._max = max_connections
+        self._open = 0
+        self._room = asyncio.Event()  # set whenever a connection ends.
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.refused = 0  # accept() calls that failed for want of descriptors.
+
+    @property
+    def open(self) -> int:
+        """Connections whose handler is running."""
+        return self._open
+
+    def start(self) -> None:
+        self._sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="fault_server.accept")
+
+    def close(self) -> None:
+        """Stop accepting and close the listening socket; running handlers go on."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+        self._sock.close()
+
+    async def wait_closed(self) -> None:
+        """Wait until the accept loop has ended."""
+        if self._task is not None:
+            await asyncio.wait((self._task,))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        retry = _RETRY_MIN
+        episode: float | None = None  # when the current descriptor shortage began.
+        streak = 0
+        while not self._closed:
+            while self._open >= self._max:
+                self._room.clear()
+                await self._room.wait()
+            try:
+                conn, _ = await loop.sock_accept(self._sock)
+            except OSError as exc:
+                if exc.errno not in _EXHAUSTED:
+                    if self._closed or exc.errno == errno.EBADF:
+                        return
+                    continue  # ECONNABORTED and friends: that client is gone, not us.
+                self.refused += 1
+                if episode is None:
+                    episode = time.monotonic()
+                    logger.warning(
+                        "fault_server: out of file descriptors (%s) with %d connection(s) "
+                        "open: new connections wait in the backlog until some close",
+                        errno.errorcode.get(exc.errno or 0, exc.errno),
+                        self._open,
+                    )
+                self._room.clear()
+                with anyio.move_on_after(retry):
+                    await self._room.wait()
+                retry = min(retry * 2, _RETRY_MAX)
+                continue
+            if episode is not None:
+                logger.info(
+                    "fault_server: accepting again after %.1f s out of file descriptors "
+                    "(%d accept(s) refused)",
+                    time.monotonic() - episode,
+                    self.refused,
+                )
+                episode, retry = None, _RETRY_MIN
+            self._serve(loop, conn)
+            streak += 1
+            if streak >= _FAIR:
+                streak = 0
+                await asyncio.sleep(0)
+
+    def _serve(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+        self._open += 1
+        loop.create_task(self._connection(loop, conn), name="fault_server.connection")
+
+    async def _connection(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+        """Wrap ``conn`` in streams, as `asyncio.start_server` does, and run the handler."""
+        try:
+            reader = asyncio.StreamReader()
+            # The protocol makes the writer itself when given a callback, and then knows it
+            # (StreamWriter.start_tls, which the TLS listener uses, relies on that).
+            made: list[asyncio.StreamWriter] = []
+            protocol = asyncio.StreamReaderProtocol(reader, lambda _, w: made.append(w))
+            try:
+                await loop.connect_accepted_socket(lambda: protocol, conn)
+            except OSError:
+                conn.close()
+                return
+            await self._handler(reader, made[0])
+        except asyncio.CancelledError:
+            pass  # the server is closing: nobody reads this task's outcome.
+        except Exception:  # the handler catches its own; this is a bug, say so once.
+            logger.exception("fault_server: connection setup failed")
+        finally:
+            self._open -= 1
+            self._room.set()
