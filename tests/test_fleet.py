@@ -1,0 +1,360 @@
+"""Fleet state on Redis (`RedisState`): limits and circuits shared by worker processes, and
+Redis trouble that never hangs or fails a call.
+
+Every test runs a real redis-server (the `redis_server` / `own_redis` fixtures) and, where
+the fleet matters, real worker processes (tests/fleet_worker.py); what was sent is counted
+at the fault server.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+import stallproof
+
+from .conftest import MARGIN, FleetWorkers, RedisServer, silent_listener, stopwatch
+
+MSGS = [{"role": "user", "content": "hello"}]
+
+
+def _job(base_url: str, redis: RedisServer, prefix: str, **kw: Any) -> dict[str, Any]:
+    return {"base_url": base_url, "redis_url": redis.url, "prefix": prefix, **kw}
+
+
+def _requests(fault_server: Any, key: str) -> list[Any]:
+    return [r for c in fault_server.journal(key) for r in c.requests]
+
+
+def _metric(reader: InMemoryMetricReader, name: str) -> dict[str, int]:
+    """A counter's value per its first attribute's value."""
+    out: dict[str, int] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == name:
+                    for p in m.data.data_points:
+                        label = str(next(iter(p.attributes.values()), ""))
+                        out[label] = out.get(label, 0) + int(p.value)
+    return out
+
+
+# -- config ----------------------------------------------------------------------------------
+
+
+def test_redis_state_validates_and_never_shows_the_password() -> None:
+    shared = stallproof.RedisState("redis://user:hunter2-SECRET@127.0.0.1:6379/0")
+    assert "hunter2" not in repr(shared)
+    assert "hunter2" not in repr(stallproof.Pacer(requests_per_minute=5, shared=shared))
+    for bad in (
+        {"url": "http://x"},
+        {"url": "redis://x", "op_timeout": 0},
+        {"url": "redis://x", "op_timeout": math.inf},
+        {"url": "redis://x", "fail": "sometimes"},
+        {"url": "redis://x", "prefix": "a{b}"},
+        {"url": "redis://x", "lease_ttl": True},
+    ):
+        with pytest.raises(stallproof.InvalidRequestError, match="RedisState"):
+            stallproof.RedisState(**bad)
+    with pytest.raises(stallproof.InvalidRequestError, match="Pacer.shared"):
+        stallproof.Pacer(shared="redis://x")  # type: ignore[arg-type]
+    with pytest.raises(stallproof.InvalidRequestError, match="Breaker.shared"):
+        stallproof.Breaker(shared="redis://x")  # type: ignore[arg-type]
+    with pytest.raises(stallproof.InvalidRequestError) as info:
+        stallproof.RedisState("http://u:hunter2-SECRET@h")
+    assert "hunter2" not in str(info.value)
+
+
+# -- the fleet, in real processes ----------------------------------------------------------
+
+
+def test_workers_sharing_a_pacer_never_exceed_the_fleets_requests_per_minute(
+    fault_server: Any,
+    fault_key: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    fleet_workers: FleetWorkers,
+) -> None:
+    # Three workers, each allowed 8 a minute, each trying 6 at once: 8 in all reach the
+    # server (24 would without shared state); the rest fail at once, nothing hangs.
+    job = _job(
+        fault_server.url("healthy", key=fault_key),
+        redis_server,
+        redis_prefix,
+        pacer={"requests_per_minute": 8},
+        calls=6,
+        total=3.0,
+    )
+    results = fleet_workers.run([job, job, job])
+    outcomes = [r for worker in results for r in worker]
+    assert len(outcomes) == 18
+    assert len(_requests(fault_server, fault_key)) == 8
+    assert sorted(e for e, _ in outcomes if e is not None) == ["PacerTimeout"] * 10
+    assert sum(e is None for e, _ in outcomes) == 8
+    assert max(t for _, t in outcomes) < 3.0 + MARGIN
+
+
+def test_breaker_opens_for_the_whole_fleet_and_lets_exactly_one_probe_through(
+    fault_server: Any,
+    fault_key: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    fleet_workers: FleetWorkers,
+) -> None:
+    breaker = {"fail_max": 3, "reset_timeout": 1.0}
+    failing = _job(
+        fault_server.url("status", code=500, key=fault_key),
+        redis_server,
+        redis_prefix,
+        breaker=breaker,
+        calls=3,
+    )
+    (first,) = fleet_workers.run([failing])
+    assert [e for e, _ in first] == ["InternalServerError"] * 3
+    # Other processes, which never saw a failure, find the circuit open: nothing is sent.
+    refused = fleet_workers.run([{**failing, "calls": 2}] * 2)
+    assert [e for w in refused for e, _ in w] == ["CircuitOpen"] * 4
+    assert len(_requests(fault_server, fault_key)) == 3
+    # After reset_timeout, one probe for the fleet: a slow healthy answer, and while it is
+    # in flight every other call of every worker is refused.
+    time.sleep(1.0)
+    slow = {**failing, "base_url": fault_server.url("healthy", delay=1.5, key=fault_key)}
+    probing = fleet_workers.run([{**slow, "calls": 2}] * 3)
+    errors = sorted(str(e) for w in probing for e, _ in w)
+    assert errors == ["CircuitOpen"] * 5 + ["None"]
+    assert len(_requests(fault_server, fault_key)) == 4
+    # The probe succeeded: the circuit is closed for everyone.
+    (after,) = fleet_workers.run([{**slow, "base_url": fault_server.url("healthy"), "calls": 2}])
+    assert [e for e, _ in after] == [None, None]
+
+
+def test_fairness_between_agents_holds_across_processes(
+    fault_server: Any,
+    fault_key: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    fleet_workers: FleetWorkers,
+) -> None:
+    # One call at a time for the fleet. A chatty agent queues 8 calls in one process first;
+    # a quiet one in another process queues 2 a little later: turns alternate, so the quiet
+    # agent's calls go 2nd and 4th at the latest, not after the chatty agent's 8.
+    chatty_key, quiet_key = f"{fault_key}-chatty", f"{fault_key}-quiet"
+    common = {"pacer": {"max_concurrent": 1}, "total": 15.0}
+    start_at = time.time() + 2.5
+    chatty = fleet_workers.start(
+        _job(
+            fault_server.url("healthy", delay=0.15, key=chatty_key),
+            redis_server,
+            redis_prefix,
+            agent="chatty",
+            calls=8,
+            start_at=start_at,
+            **common,
+        )
+    )
+    quiet = fleet_workers.start(
+        _job(
+            fault_server.url("healthy", delay=0.15, key=quiet_key),
+            redis_server,
+            redis_prefix,
+            agent="quiet",
+            calls=2,
+            start_at=start_at + 0.3,
+            **common,
+        )
+    )
+    assert all(e is None for e, _ in fleet_workers.results(chatty, timeout=30))
+    assert all(e is None for e, _ in fleet_workers.results(quiet, timeout=30))
+    order = sorted(
+        [(r.started, "chatty") for r in _requests(fault_server, chatty_key)]
+        + [(r.started, "quiet") for r in _requests(fault_server, quiet_key)]
+    )
+    who = [name for _, name in order]
+    assert len(who) == 10
+    assert who.index("quiet") <= 3 and who.count("quiet") == 2
+    assert [i for i, name in enumerate(who) if name == "quiet"][1] <= 5, who
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_killed_workers_leases_return_within_their_ttl(
+    fault_server: Any,
+    fault_key: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    fleet_workers: FleetWorkers,
+    make_client: Any,
+    anyio_backend: str,
+) -> None:
+    ttl = 2.0
+    worker = fleet_workers.start(
+        _job(
+            fault_server.url("stall_headers", hold=20, key=fault_key),
+            redis_server,
+            redis_prefix,
+            pacer={"max_concurrent": 2},
+            calls=2,
+            total=30.0,
+            lease_ttl=ttl,
+        ),
+        start_in=0.0,
+    )
+    with anyio.fail_after(20):  # both of its calls hold their leases at the server
+        while len(_requests(fault_server, fault_key)) < 2:
+            await anyio.sleep(0.02)
+    worker.send_signal(signal.SIGKILL)
+    killed_at = anyio.current_time()
+    shared = stallproof.RedisState(redis_server.url, prefix=redis_prefix, lease_ttl=ttl)
+    client = make_client(
+        fault_server.url(), pacer=stallproof.Pacer(max_concurrent=2, shared=shared)
+    )
+    # The dead worker's two slots are still leased: a short call cannot get one...
+    with stopwatch() as t, pytest.raises(stallproof.PacerTimeout):
+        await client.chat.completions.create(model="m", messages=MSGS, timeout=0.3)
+    assert t[0] < 0.3 + MARGIN
+    # ...and a patient one gets one as soon as the leases expire, not later.
+    await client.chat.completions.create(model="m", messages=MSGS, timeout=10.0)
+    assert anyio.current_time() - killed_at < ttl + 0.5 + MARGIN
+    assert client.pacer_state().shared == "redis"
+
+
+# -- Redis trouble -------------------------------------------------------------------------
+
+
+def _shared_client(make_client: Any, base_url: str, url: str, prefix: str, **kw: Any) -> Any:
+    shared = stallproof.RedisState(url, prefix=prefix, op_timeout=0.1, **kw)
+    reader = InMemoryMetricReader()
+    client = make_client(
+        base_url,
+        pacer=stallproof.Pacer(max_concurrent=4, requests_per_minute=100, shared=shared),
+        breaker=stallproof.Breaker(fail_max=3, shared=shared),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    return client, reader
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("stall", ["answers nothing", "never accepts"])
+@pytest.mark.anyio
+async def test_a_stalled_redis_costs_a_call_at_most_op_timeout_then_nothing(
+    fault_server: Any,
+    make_client: Any,
+    redis_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    stall: str,
+    anyio_backend: str,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="stallproof")
+    with silent_listener() as silent:
+        url = silent if stall == "answers nothing" else fault_server.blackhole_url
+        url = url.replace("http://", "redis://").removesuffix("/v1")
+        client, reader = _shared_client(
+            make_client, fault_server.url("healthy", delay=0.3), url, redis_prefix
+        )
+        seen: list[Any] = []
+
+        async def watch() -> None:
+            while not seen:
+                seen.extend(client.inflight())
+                await anyio.sleep(0.05)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            with stopwatch() as t:  # the pacer's op, then the breaker's: each bounded
+                await client.chat.completions.create(model="m", messages=MSGS, timeout=5)
+        assert t[0] < 0.3 + 2 * 0.1 + MARGIN
+        with stopwatch() as t:  # Redis is known to be down: no more time spent on it
+            for _ in range(3):
+                await client.chat.completions.create(
+                    model="m", messages=MSGS, timeout=5, extra_headers={"X-Fault": "healthy"}
+                )
+        assert t[0] < 3 * 0.05 + MARGIN
+    assert seen[0].shared is not None and seen[0].shared.startswith("local (")
+    assert client.pacer_state().shared.startswith("local (")
+    lines = [r.getMessage() for r in caplog.records if "fleet state on Redis" in r.getMessage()]
+    assert len(lines) == 2  # one per store (pacer, breaker), not one per call
+    assert "unavailable" in lines[0] and "local state" in lines[0]
+    assert _metric(reader, "stallproof.shared.transitions") == {"local": 2}
+    assert sum(_metric(reader, "stallproof.shared.fallbacks").values()) >= 8
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_redis_killed_and_restarted_mid_run_falls_back_then_resynchronises(
+    fault_server: Any,
+    own_redis: RedisServer,
+    redis_prefix: str,
+    make_client: Any,
+    caplog: pytest.LogCaptureFixture,
+    anyio_backend: str,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="stallproof")
+    client, reader = _shared_client(
+        make_client, fault_server.url(), own_redis.url, redis_prefix, retry_interval=0.3
+    )
+    await client.chat.completions.create(model="m", messages=MSGS)
+    assert client.pacer_state().shared == "redis"
+    own_redis.kill()
+    with stopwatch() as t:
+        for _ in range(5):  # every call still goes, on time, on local state
+            await client.chat.completions.create(model="m", messages=MSGS, timeout=2)
+    assert t[0] < 5 * 0.05 + 2 * 0.1 + MARGIN
+    assert client.pacer_state().shared.startswith("local (")
+    own_redis.start()
+    await anyio.sleep(0.35)  # retry_interval
+    await client.chat.completions.create(model="m", messages=MSGS)
+    assert client.pacer_state().shared == "redis"
+    assert client.circuits()[fault_server.base_url].state == "closed"
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("resynchronised" in m for m in messages) == 2
+    assert _metric(reader, "stallproof.shared.transitions") == {"local": 2, "shared": 2}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_fail_closed_refuses_at_once_without_sending(
+    fault_server: Any, fault_key: str, make_client: Any, redis_prefix: str, anyio_backend: str
+) -> None:
+    with silent_listener() as silent:
+        client, _ = _shared_client(
+            make_client,
+            fault_server.url("healthy", key=fault_key),
+            silent,
+            redis_prefix,
+            fail="closed",
+        )
+        for _ in range(2):
+            with stopwatch() as t, pytest.raises(stallproof.SharedStateUnavailable) as info:
+                await client.chat.completions.create(model="m", messages=MSGS, timeout=5)
+            assert t[0] < 0.1 + MARGIN
+            assert "op_timeout" in info.value.reason
+            assert info.value.request_id is not None
+    assert _requests(fault_server, fault_key) == []
+    assert client.pacer_state().in_use == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.anyio
+async def test_on_trio_calls_run_on_local_state(
+    fault_server: Any,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    make_client: Any,
+    caplog: pytest.LogCaptureFixture,
+    anyio_backend: str,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="stallproof")
+    client, _ = _shared_client(make_client, fault_server.url(), redis_server.url, redis_prefix)
+    for _ in range(3):
+        await client.chat.completions.create(model="m", messages=MSGS)
+    assert client.pacer_state().shared == "local (redis-py runs on asyncio only; this loop is not asyncio)"
+    assert sum("asyncio only" in r.getMessage() for r in caplog.records) == 2
