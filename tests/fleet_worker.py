@@ -3,9 +3,9 @@
 Usage: ``python fleet_worker.py JOB`` where JOB is JSON::
 
     {"base_url": ..., "redis_url": ..., "prefix": ..., "start_at": <time.time()>,
-     "calls": 3, "total": 2.0, "agent": null, "op_timeout": 0.2,
+     "calls": 3, "total": 2.0, "agent": null, "op_timeout": 1.0,
      "pacer": {"requests_per_minute": 10} | null, "breaker": {"fail_max": 3} | null,
-     "lease_ttl": 300}
+     "lease_ttl": 300, "fault": "status;code=500" | null}
 
 It waits until ``start_at`` (so that every worker starts at once), makes ``calls`` calls at
 the same time, and prints one JSON line per call as it ends: ``[error class or null,
@@ -32,6 +32,7 @@ async def _one(client: stallproof.Client, job: dict[str, Any]) -> None:
             model="m",
             messages=[{"role": "user", "content": "hello"}],
             agent=job.get("agent"),
+            extra_headers={"X-Fault": job["fault"]} if job.get("fault") else None,
         )
     except stallproof.StallproofError as e:
         error = type(e).__name__
@@ -42,7 +43,7 @@ async def main(job: dict[str, Any]) -> None:
     shared = stallproof.RedisState(
         job["redis_url"],
         prefix=job["prefix"],
-        op_timeout=job.get("op_timeout", 0.2),
+        op_timeout=job.get("op_timeout", 1.0),
         lease_ttl=job.get("lease_ttl", 300.0),
     )
     pacer = job.get("pacer")

@@ -110,15 +110,18 @@ def test_breaker_opens_for_the_whole_fleet_and_lets_exactly_one_probe_through(
     redis_prefix: str,
     fleet_workers: FleetWorkers,
 ) -> None:
-    breaker = {"fail_max": 3, "reset_timeout": 1.0}
+    breaker = {"fail_max": 3, "reset_timeout": 4.0}
+    # One upstream (the base URL), its faults chosen per request by the X-Fault header.
     failing = _job(
-        fault_server.url("status", code=500, key=fault_key),
+        fault_server.url(),
         redis_server,
         redis_prefix,
         breaker=breaker,
         calls=3,
+        fault=f"status;code=500;key={fault_key}",
     )
     (first,) = fleet_workers.run([failing])
+    opened = time.time()
     assert [e for e, _ in first] == ["InternalServerError"] * 3
     # Other processes, which never saw a failure, find the circuit open: nothing is sent.
     refused = fleet_workers.run([{**failing, "calls": 2}] * 2)
@@ -126,14 +129,14 @@ def test_breaker_opens_for_the_whole_fleet_and_lets_exactly_one_probe_through(
     assert len(_requests(fault_server, fault_key)) == 3
     # After reset_timeout, one probe for the fleet: a slow healthy answer, and while it is
     # in flight every other call of every worker is refused.
-    time.sleep(1.0)
-    slow = {**failing, "base_url": fault_server.url("healthy", delay=1.5, key=fault_key)}
+    time.sleep(max(0.0, opened + 4.0 - time.time() - 2.4))  # the workers start in 2.4 s
+    slow = {**failing, "fault": f"healthy;delay=1.5;key={fault_key}"}
     probing = fleet_workers.run([{**slow, "calls": 2}] * 3)
     errors = sorted(str(e) for w in probing for e, _ in w)
     assert errors == ["CircuitOpen"] * 5 + ["None"]
     assert len(_requests(fault_server, fault_key)) == 4
     # The probe succeeded: the circuit is closed for everyone.
-    (after,) = fleet_workers.run([{**slow, "base_url": fault_server.url("healthy"), "calls": 2}])
+    (after,) = fleet_workers.run([{**slow, "fault": f"healthy;key={fault_key}", "calls": 2}])
     assert [e for e, _ in after] == [None, None]
 
 
