@@ -229,11 +229,13 @@ class RedisServer:
         while time.monotonic() < limit:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited at start ({self._proc.returncode})")
-            with contextlib.suppress(OSError):
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
-                        return
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s,
+            ):
+                s.sendall(b"PING\r\n")
+                if s.recv(64).startswith(b"+PONG"):
+                    return
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"redis-server did not answer PING within {timeout}s")

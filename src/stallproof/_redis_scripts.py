@@ -12,7 +12,8 @@ Keys live under one hash tag, ``{prefix}``, so a cluster keeps them in one slot:
     {p}:pacer:tpm         ZSET grant id -> grant time (ms)     the 60 s token window
     {p}:pacer:tpm:amt     HASH grant id -> tokens
     {p}:pacer:tpm:used    STRING sum of tpm:amt
-    {p}:pacer:agents      ZSET agent -> virtual time of its next grant (agents waiting)
+    {p}:pacer:agents      ZSET agent -> virtual start time of its next grant (waiting)
+    {p}:pacer:finish      HASH agent -> virtual finish time of its last grant
     {p}:pacer:q:<agent>   ZSET waiter id -> arrival number      one FIFO queue per agent
     {p}:pacer:waiters     ZSET "<agent>\\n<waiter id>" -> expiry (ms)
     {p}:pacer:seq         STRING arrival counter
@@ -20,12 +21,13 @@ Keys live under one hash tag, ``{prefix}``, so a cluster keeps them in one slot:
     {p}:pacer:aimd        HASH limit, epoch, successes, overloads
     {p}:cb:<upstream>     HASH state, failures, successes, open_until, probe, probe_until
 
-Fairness is start-time fair queuing over agents: the agent with the smallest virtual time
-is served; each grant adds 1/weight to it; an agent that starts waiting joins at the
-virtual time of the last grant. With equal weights that is round robin across the whole
-fleet: between two grants to an agent that stays queued, every other agent gets at most
-one. Waiters and leases carry expiry times, so a worker that dies holding either blocks
-nobody past that time.
+Fairness is start-time fair queuing over agents: the agent with the smallest start time is
+served, and the fleet's virtual time becomes that start time; a grant's finish time is its
+start plus 1/weight, and the agent's next start is that finish, or the virtual time if
+that is later (an agent that waited for nothing does not bank credit). With equal weights
+that is round robin across the whole fleet: between two grants to an agent that stays
+queued, every other agent gets at most one. Waiters and leases carry expiry times, so a
+worker that dies holding either blocks nobody past that time.
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ local q = P .. ':q:' .. agent
 if not redis.call('ZSCORE', q, wid) then
   redis.call('ZADD', q, redis.call('INCR', P .. ':seq'), wid)
   if not redis.call('ZSCORE', P .. ':agents', agent) then
-    redis.call('ZADD', P .. ':agents', tonumber(redis.call('GET', P .. ':vtime') or '0'), agent)
+    local v = tonumber(redis.call('GET', P .. ':vtime') or '0')
+    local f = tonumber(redis.call('HGET', P .. ':finish', agent) or '0')
+    redis.call('ZADD', P .. ':agents', math.max(v, f), agent)
   end
 end
 redis.call('ZADD', P .. ':waiters', now + waiter_ms, agent .. '\\n' .. wid)
@@ -128,11 +132,13 @@ if ready > now then return {0, ready - now} end
 
 redis.call('ZREM', q, wid)
 redis.call('ZREM', P .. ':waiters', agent .. '\\n' .. wid)
+local finish = tonumber(turn[2]) + 1 / weight
 redis.call('SET', P .. ':vtime', turn[2])
+redis.call('HSET', P .. ':finish', agent, finish)
 if redis.call('ZCARD', q) == 0 then
   redis.call('ZREM', P .. ':agents', agent)
 else
-  redis.call('ZADD', P .. ':agents', tonumber(turn[2]) + 1 / weight, agent)
+  redis.call('ZADD', P .. ':agents', finish, agent)
 end
 if maxc > 0 then
   redis.call('ZADD', P .. ':leases', now + lease_ms, wid)
