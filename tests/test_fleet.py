@@ -371,3 +371,91 @@ async def test_on_trio_calls_run_on_local_state(
         == "local (redis-py runs on asyncio only; this loop is not asyncio)"
     )
     assert sum("asyncio only" in r.getMessage() for r in caplog.records) == 2
+
+
+# -- every limit is the fleet's ------------------------------------------------------------
+
+
+def _peak_concurrency(requests: list[Any]) -> int:
+    events = sorted(
+        [(r.started, 1) for r in requests] + [(r.ended, -1) for r in requests if r.ended],
+        key=lambda e: (e[0], e[1]),
+    )
+    peak = now = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_an_overload_seen_by_one_process_shrinks_the_fleets_limit(
+    fault_server: Any,
+    fault_key: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    make_client: Any,
+    anyio_backend: str,
+) -> None:
+    # Two clients with their own in-process state, as two workers have: a 429 that one of
+    # them sees halves the concurrency limit of both (4 -> 2).
+    shared = stallproof.RedisState(redis_server.url, prefix=redis_prefix, poll_interval=0.01)
+    pacer = stallproof.Pacer(max_concurrent=4, shared=shared)
+    one, two = (make_client(fault_server.url(), pacer=pacer) for _ in range(2))
+    with pytest.raises(stallproof.RateLimitError):
+        await one.chat.completions.create(
+            model="m", messages=MSGS, extra_headers={"X-Fault": "status;code=429"}
+        )
+    await anyio.sleep(0.2)  # the release went in the background
+
+    async def call() -> None:
+        await two.chat.completions.create(
+            model="m",
+            messages=MSGS,
+            timeout=10,
+            extra_headers={"X-Fault": f"healthy;delay=0.3;key={fault_key}"},
+        )
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(call)
+    requests = _requests(fault_server, fault_key)
+    assert len(requests) == 4
+    assert _peak_concurrency(requests) == 2
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_tokens_per_minute_is_the_fleets(
+    fault_server: Any,
+    fault_key: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    make_client: Any,
+    anyio_backend: str,
+) -> None:
+    shared = stallproof.RedisState(redis_server.url, prefix=redis_prefix)
+    pacer = stallproof.Pacer(tokens_per_minute=100, shared=shared)
+    one, two = (make_client(fault_server.url(), pacer=pacer) for _ in "12")
+    slow = {"X-Fault": f"healthy;delay=0.5;key={fault_key}"}
+
+    async def call(client: Any, timeout: float = 30) -> None:
+        # Its estimate: 3 tokens of message and max_tokens=45, until its usage is known.
+        await client.chat.completions.create(
+            model="m", messages=MSGS, max_tokens=45, extra_headers=slow, timeout=timeout
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, one)
+        tg.start_soon(call, two)
+        await anyio.sleep(0.2)
+        with stopwatch() as t, pytest.raises(stallproof.PacerTimeout, match="fleet"):
+            await call(one, timeout=5)
+        assert t[0] < 0.3  # at once: the window frees capacity only in a minute
+    # Their real usage (9 tokens each) replaced the estimates, for the fleet: room again.
+    await anyio.sleep(0.2)  # the releases went in the background
+    with stopwatch() as t:
+        await call(two, timeout=5)
+    assert t[0] < 0.5 + 0.3 + MARGIN
+    assert len(_requests(fault_server, fault_key)) == 3
