@@ -459,3 +459,24 @@ async def test_tokens_per_minute_is_the_fleets(
         await call(two, timeout=5)
     assert t[0] < 0.5 + 0.3 + MARGIN
     assert len(_requests(fault_server, fault_key)) == 3
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_caller_cancelled_during_a_redis_operation_leaves_nothing_behind(
+    fault_server: Any, fault_key: str, make_client: Any, redis_prefix: str, anyio_backend: str
+) -> None:
+    with silent_listener() as silent:
+        shared = stallproof.RedisState(silent, prefix=redis_prefix, op_timeout=5.0)
+        client = make_client(
+            fault_server.url("healthy", key=fault_key),
+            pacer=stallproof.Pacer(max_concurrent=1, shared=shared),
+        )
+        with stopwatch() as t, anyio.move_on_after(0.2):
+            await client.chat.completions.create(model="m", messages=MSGS, timeout=30)
+        assert t[0] < 0.2 + MARGIN
+        await anyio.sleep(0.05)  # the cancelled operation's task unwinds
+        assert client.pacer_state().in_use == 0
+        assert client.inflight() == ()
+        assert client._engine._pacing._fleet.store._tasks == set()
+    assert _requests(fault_server, fault_key) == []

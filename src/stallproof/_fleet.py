@@ -86,6 +86,7 @@ class FleetPacer:
         # A waiter that stops asking (its worker died) leaves the queue after this.
         longest_sleep = max(1.0, config.poll_interval)
         waiter_ms = math.ceil((2 * longest_sleep + 2 * config.op_timeout) * 1000)
+        key = _agent_key(agent)
         queued = False
         try:
             while True:
@@ -96,7 +97,7 @@ class FleetPacer:
                 args = [
                     self._prefix,
                     wid,
-                    _agent_key(agent),
+                    key,
                     repr(float(weight)),
                     tokens,
                     policy.max_concurrent or 0,
@@ -112,6 +113,8 @@ class FleetPacer:
                 if answer is UNAVAILABLE:
                     if store.fail_closed:
                         raise store.unavailable_error("not sent")
+                    if queued:  # best effort; its entry expires by itself otherwise
+                        store.submit("pacer.leave", lua.PACER_LEAVE, [self._prefix, wid, key])
                     return None
                 queued = True
                 granted, wait_ms = int(answer[0]), int(answer[1])
@@ -135,7 +138,7 @@ class FleetPacer:
                 await anyio.sleep(max(0.0, min(nap, deadline - now)))
         except BaseException:
             if queued:
-                store.submit("pacer.leave", lua.PACER_LEAVE, [self._prefix, wid, _agent_key(agent)])
+                store.submit("pacer.leave", lua.PACER_LEAVE, [self._prefix, wid, key])
             raise
 
     def _timeout(
