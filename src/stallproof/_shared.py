@@ -289,14 +289,18 @@ class SharedStore:
             from redis.backoff import NoBackoff
 
             bound = self.config.op_timeout
-            self._client = redis.asyncio.Redis.from_url(
+            # A blocking pool: past 64 connections an operation waits for one (inside its
+            # own bound) where the default pool would raise at once.
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
                 self.config.url,
+                max_connections=64,
+                timeout=None,
                 socket_timeout=bound,
                 socket_connect_timeout=bound,
                 retry=Retry(NoBackoff(), 0),  # one try: falling back is our retry
                 health_check_interval=0,
-                max_connections=64,
             )
+            self._client = redis.asyncio.Redis.from_pool(pool)
         return self._client
 
     def _on_asyncio(self) -> bool:
