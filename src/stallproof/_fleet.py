@@ -65,6 +65,20 @@ class FleetPacer:
         self.policy = policy
         self.store = store
         self._prefix = store.key + ":pacer"
+        # Set when this process releases a lease: its own waiters ask again at once rather
+        # than at their next poll (other processes' releases are seen by polling).
+        self._released: anyio.Event | None = None
+
+    def _poke(self, answer: object = None) -> None:
+        released, self._released = self._released, None
+        if released is not None:
+            released.set()
+
+    async def _nap(self, seconds: float) -> None:
+        if self._released is None:
+            self._released = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await self._released.wait()
 
     async def acquire(
         self, *, agent: str | None, tokens: int, deadline: float, arrived: float
@@ -135,7 +149,7 @@ class FleetPacer:
                     nap = min(wait_ms / 1000, longest_sleep)
                 else:  # not our turn, or every concurrency slot of the fleet is leased
                     nap = config.poll_interval
-                await anyio.sleep(max(0.0, min(nap, deadline - now)))
+                await self._nap(max(0.0, min(nap, deadline - now)))
         except BaseException:
             if queued:
                 store.submit("pacer.leave", lua.PACER_LEAVE, [self._prefix, wid, key])
@@ -191,6 +205,7 @@ class FleetPacer:
                 repr(float(policy.decrease_factor)),
                 repr(float(policy.increase_step)),
             ],
+            on_result=self._poke if release else None,
         )
 
 
