@@ -21,7 +21,7 @@ import anyio
 
 from . import _redis_scripts as lua
 from ._exceptions import PacerTimeout
-from ._shared import UNAVAILABLE, SharedStore
+from ._shared import UNAVAILABLE, SharedStore, now
 
 if TYPE_CHECKING:
     from ._breaker import Breaker
@@ -234,8 +234,12 @@ class FleetBreaker:
     async def admit(self, upstream: str, *, deadline: float) -> FleetVerdict | None:
         """Redis's verdict, or None when it did not answer in time."""
         ticket_id = self.store.new_id()
-        # The probe's slot is held at most this long: a probe whose worker died frees it.
-        probe_ms = math.ceil(max(1.0, min(self.policy.reset_timeout, 60.0)) * 1000)
+        # A probe holds the fleet's one slot until its call's deadline at most (max_open
+        # when it has none): a probe whose worker died frees it by then.
+        hold = deadline - now() + self.store.config.op_timeout
+        if not math.isfinite(hold):
+            hold = self.policy.max_open
+        probe_ms = math.ceil(min(max(hold, 0.1), self.policy.max_open) * 1000)
         answer = await self.store.run(
             "breaker.admit",
             lua.BREAKER_ADMIT,
