@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -202,7 +203,8 @@ class RedisServer:
     """A real redis-server subprocess on a loopback port, without persistence.
 
     `kill` stops it the hard way (SIGKILL: what a crash looks like to clients); `start`
-    brings it back on the same port, empty. Every wait is bounded.
+    brings it back on the same port, empty; `pause`/`resume` stall it and let it go on.
+    Every wait is bounded.
     """
 
     def __init__(self, binary: str, port: int | None = None) -> None:
@@ -240,6 +242,15 @@ class RedisServer:
         self.stop()
         raise RuntimeError(f"redis-server did not answer PING within {timeout}s")
 
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and nothing answers (a stalled Redis)."""
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         if self._proc is not None:
             self._proc.kill()
@@ -248,6 +259,7 @@ class RedisServer:
 
     def stop(self) -> None:
         if self._proc is not None:
+            self.resume()  # a paused process does not act on SIGTERM
             self._proc.terminate()
             try:
                 self._proc.wait(timeout=5)

@@ -480,3 +480,90 @@ async def test_a_caller_cancelled_during_a_redis_operation_leaves_nothing_behind
         assert client.inflight() == ()
         assert client._engine._pacing._fleet.store._tasks == set()
     assert _requests(fault_server, fault_key) == []
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_redis_stalled_mid_run_costs_no_call_its_budget_and_resynchronises(
+    fault_server: Any,
+    own_redis: RedisServer,
+    redis_prefix: str,
+    make_client: Any,
+    anyio_backend: str,
+) -> None:
+    client, reader = _shared_client(
+        make_client, fault_server.url(), own_redis.url, redis_prefix, retry_interval=0.3
+    )
+    await client.chat.completions.create(model="m", messages=MSGS)  # connections are open
+    own_redis.pause()  # SIGSTOP: the open connections get no answer, new ones no accept
+    try:
+        with stopwatch() as t:
+            for _ in range(5):
+                await client.chat.completions.create(model="m", messages=MSGS, timeout=2)
+        # Two operations wait out op_timeout (the pacer's, the breaker's); then none until
+        # retry_interval has passed, and again at most two.
+        assert t[0] < 4 * 0.1 + 5 * 0.05 + MARGIN
+        assert client.pacer_state().shared == "local (no answer within op_timeout=0.1s)"
+    finally:
+        own_redis.resume()
+    await anyio.sleep(0.35)
+    await client.chat.completions.create(model="m", messages=MSGS)
+    assert client.pacer_state().shared == "redis"
+    assert _metric(reader, "stallproof.shared.transitions") == {"local": 2, "shared": 2}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_killed_workers_probe_frees_the_fleets_probe_slot_at_its_deadline(
+    fault_server: Any,
+    fault_key: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    fleet_workers: FleetWorkers,
+    make_client: Any,
+    anyio_backend: str,
+) -> None:
+    breaker = {"fail_max": 1, "reset_timeout": 0.5}
+    shared = stallproof.RedisState(redis_server.url, prefix=redis_prefix, op_timeout=0.3)
+    client = make_client(fault_server.url(), breaker=stallproof.Breaker(**breaker, shared=shared))
+    with pytest.raises(stallproof.InternalServerError):
+        await client.chat.completions.create(
+            model="m", messages=MSGS, extra_headers={"X-Fault": "status;code=500"}
+        )
+    await anyio.sleep(0.2)  # the outcome went in the background: the circuit is open
+    # A worker becomes the fleet's probe (after reset_timeout), stalls, and is killed.
+    worker = fleet_workers.start(
+        _job(
+            fault_server.url(),
+            redis_server,
+            redis_prefix,
+            breaker=breaker,
+            total=2.0,
+            op_timeout=0.3,
+            fault=f"stall_headers;hold=20;key={fault_key}",
+        ),
+        start_in=0.0,
+    )
+    with anyio.fail_after(20):
+        while True:
+            if _requests(fault_server, fault_key):
+                break
+            await anyio.sleep(0.02)  # another process's progress: there is no event to wait on
+    probe_sent = anyio.current_time()
+    worker.send_signal(signal.SIGKILL)
+    with pytest.raises(stallproof.CircuitOpen) as info:
+        await client.chat.completions.create(model="m", messages=MSGS)
+    assert info.value.retry_in == 0  # a probe is in flight, as far as the fleet knows
+    # Its slot is free by its call's deadline (total=2 s, plus the worker's op_timeout):
+    # then this process's call is the probe, succeeds, and closes the circuit.
+    with anyio.fail_after(5):
+        while True:
+            try:
+                await client.chat.completions.create(model="m", messages=MSGS)
+                break
+            except stallproof.CircuitOpen:
+                await anyio.sleep(0.05)
+    assert anyio.current_time() - probe_sent < 2.0 + 0.3 + 0.1 + MARGIN
+    await anyio.sleep(0.2)
+    (circuit,) = client.circuits().values()
+    assert circuit.state == "closed"
