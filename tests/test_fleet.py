@@ -12,7 +12,7 @@ import logging
 import math
 import signal
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import pytest
@@ -32,6 +32,35 @@ def _job(base_url: str, redis: RedisServer, prefix: str, **kw: Any) -> dict[str,
 
 def _requests(fault_server: Any, key: str) -> list[Any]:
     return [r for c in fault_server.journal(key) for r in c.requests]
+
+
+async def _until_requests(fault_server: Any, key: str, n: int) -> None:
+    """Wait (20 s at most) until the server has seen ``n`` requests with ``key``."""
+    with anyio.fail_after(20):
+        while True:
+            if len(_requests(fault_server, key)) >= n:
+                return
+            await anyio.sleep(0.02)  # another process's progress: there is no event to wait on
+
+
+class Fleet(NamedTuple):
+    fault_server: Any
+    fault_key: str
+    redis: RedisServer
+    prefix: str
+    workers: FleetWorkers
+
+
+@pytest.fixture
+def fleet(
+    fault_server: Any,
+    fault_key: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    fleet_workers: FleetWorkers,
+) -> Fleet:
+    """What a test with worker processes uses: the server, its key, Redis, the workers."""
+    return Fleet(fault_server, fault_key, redis_server, redis_prefix, fleet_workers)
 
 
 def _metric(reader: InMemoryMetricReader, name: str) -> dict[str, int]:
@@ -190,14 +219,9 @@ def test_fairness_between_agents_holds_across_processes(
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.anyio
 async def test_a_killed_workers_leases_return_within_their_ttl(
-    fault_server: Any,
-    fault_key: str,
-    redis_server: RedisServer,
-    redis_prefix: str,
-    fleet_workers: FleetWorkers,
-    make_client: Any,
-    anyio_backend: str,
+    fleet: Fleet, make_client: Any, anyio_backend: str
 ) -> None:
+    fault_server, fault_key, redis_server, redis_prefix, fleet_workers = fleet
     ttl = 2.0
     worker = fleet_workers.start(
         _job(
@@ -212,11 +236,7 @@ async def test_a_killed_workers_leases_return_within_their_ttl(
         ),
         start_in=0.0,
     )
-    with anyio.fail_after(20):  # both of its calls hold their leases at the server
-        while True:
-            if len(_requests(fault_server, fault_key)) >= 2:
-                break
-            await anyio.sleep(0.02)  # another process's progress: there is no event to wait on
+    await _until_requests(fault_server, fault_key, 2)  # both hold their leases at the server
     worker.send_signal(signal.SIGKILL)
     killed_at = anyio.current_time()
     shared = stallproof.RedisState(redis_server.url, prefix=redis_prefix, lease_ttl=ttl)
@@ -515,14 +535,9 @@ async def test_redis_stalled_mid_run_costs_no_call_its_budget_and_resynchronises
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.anyio
 async def test_a_killed_workers_probe_frees_the_fleets_probe_slot_at_its_deadline(
-    fault_server: Any,
-    fault_key: str,
-    redis_server: RedisServer,
-    redis_prefix: str,
-    fleet_workers: FleetWorkers,
-    make_client: Any,
-    anyio_backend: str,
+    fleet: Fleet, make_client: Any, anyio_backend: str
 ) -> None:
+    fault_server, fault_key, redis_server, redis_prefix, fleet_workers = fleet
     breaker = {"fail_max": 1, "reset_timeout": 0.5}
     shared = stallproof.RedisState(redis_server.url, prefix=redis_prefix, op_timeout=0.3)
     client = make_client(fault_server.url(), breaker=stallproof.Breaker(**breaker, shared=shared))
@@ -544,11 +559,7 @@ async def test_a_killed_workers_probe_frees_the_fleets_probe_slot_at_its_deadlin
         ),
         start_in=0.0,
     )
-    with anyio.fail_after(20):
-        while True:
-            if _requests(fault_server, fault_key):
-                break
-            await anyio.sleep(0.02)  # another process's progress: there is no event to wait on
+    await _until_requests(fault_server, fault_key, 1)
     probe_sent = anyio.current_time()
     worker.send_signal(signal.SIGKILL)
     with pytest.raises(stallproof.CircuitOpen) as info:
