@@ -212,6 +212,12 @@ def test_fairness_between_agents_holds_across_processes(
     )
     who = [name for _, name in order]
     assert len(who) == 10
+    # One at a time for the whole fleet (two processes would otherwise overlap)...
+    assert (
+        _peak_concurrency(_requests(fault_server, chatty_key) + _requests(fault_server, quiet_key))
+        == 1
+    )
+    # ...and in fair turns: a FIFO across the fleet would serve the quiet agent last.
     assert who.index("quiet") <= 3 and who.count("quiet") == 2
     assert [i for i, name in enumerate(who) if name == "quiet"][1] <= 5, who
 
