@@ -43,6 +43,7 @@ import stallproof
 from fault_server import running
 from stallproof._breaker import BreakerRegistry
 from stallproof._pacer import Pacing
+from stallproof._shared import Stores
 
 ROUNDS = 10
 
@@ -76,8 +77,9 @@ def _p99(values: list[float]) -> float:
 
 
 async def _admissions(pacer: stallproof.Pacer, breaker: stallproof.Breaker, n: int) -> list[float]:
-    pacing = Pacing(pacer)
-    circuits = BreakerRegistry(breaker)
+    stores = Stores()  # as a client does: one connection pool for the pacer and the breaker
+    pacing = Pacing(pacer, stores=stores)
+    circuits = BreakerRegistry(breaker, stores=stores)
     circuit = circuits.circuit("http://upstream", "m")
     loop = asyncio.get_running_loop()
     times: list[float] = []

@@ -33,14 +33,13 @@ import dataclasses
 import math
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import pybreaker
 
 from . import _exceptions as exc
 from ._fleet import FleetBreaker
-from ._shared import Health, RedisState, SharedStore, now
+from ._shared import Health, RedisState, Stores, now
 
 __all__ = ["Breaker", "BreakerRegistry", "Circuit", "CircuitState", "Ticket"]
 
@@ -324,7 +323,7 @@ class BreakerRegistry:
         policy: Breaker,
         on_change: Callable[[str, str, str], None] | None = None,
         *,
-        meter_provider: Any = None,
+        stores: Stores | None = None,
     ) -> None:
         self.policy = policy
         self._on_change = on_change
@@ -333,9 +332,7 @@ class BreakerRegistry:
         self._fleet = (
             None
             if policy.shared is None
-            else FleetBreaker(
-                policy, SharedStore(policy.shared, what="breaker", meter_provider=meter_provider)
-            )
+            else FleetBreaker(policy, (stores or Stores()).get(policy.shared))
         )
 
     def shared_status(self) -> str | None:

@@ -57,6 +57,7 @@ from ._pool import WireStats
 from ._progress import Outcome
 from ._redact import check_headers
 from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
+from ._shared import Stores
 from ._status import status_error_from_body
 from ._telemetry import Telemetry
 
@@ -197,10 +198,9 @@ class Engine:
         self.limits = limits
         self.retry = retry or _NO_RETRY
         self._bucket = TokenBucket(retry_budget) if retry_budget is not None else None
-        self._breakers = (
-            BreakerRegistry(breaker, meter_provider=meter_provider) if breaker is not None else None
-        )
-        self._pacing = Pacing(pacer, meter_provider=meter_provider) if pacer is not None else None
+        stores = Stores(meter_provider)  # fleet state on Redis, if the policies share any
+        self._breakers = BreakerRegistry(breaker, stores=stores) if breaker is not None else None
+        self._pacing = Pacing(pacer, stores=stores) if pacer is not None else None
         self._owns_pool = pool is None
         if pool is None:
             from ._pool import open_pool

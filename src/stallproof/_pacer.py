@@ -41,7 +41,6 @@ import dataclasses
 import math
 import types
 from collections.abc import Mapping
-from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -49,7 +48,7 @@ import anyio.lowlevel
 from . import _exceptions as exc
 from ._exceptions import PacerTimeout
 from ._fleet import FleetLease, FleetPacer
-from ._shared import RedisState, SharedStore
+from ._shared import RedisState, Stores
 
 __all__ = [
     "OVERLOAD_STATUSES",
@@ -352,14 +351,12 @@ class Pacing:
     changes are synchronous, and each waiter sleeps until its own deadline at most.
     """
 
-    def __init__(self, policy: Pacer, *, meter_provider: Any = None) -> None:
+    def __init__(self, policy: Pacer, *, stores: Stores | None = None) -> None:
         self.policy = policy
         self._fleet = (
             None
             if policy.shared is None
-            else FleetPacer(
-                policy, SharedStore(policy.shared, what="pacer", meter_provider=meter_provider)
-            )
+            else FleetPacer(policy, (stores or Stores()).get(policy.shared))
         )
         most = policy.max_concurrent
         self._limit = math.inf if most is None else float(most)

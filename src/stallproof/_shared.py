@@ -35,7 +35,7 @@ from opentelemetry import metrics
 
 from . import _exceptions as exc
 
-__all__ = ["UNAVAILABLE", "FailMode", "Health", "RedisState", "SharedStore", "now"]
+__all__ = ["UNAVAILABLE", "FailMode", "Health", "RedisState", "SharedStore", "Stores", "now"]
 
 logger = logging.getLogger("stallproof")
 
@@ -161,11 +161,10 @@ class SharedStore:
     """
 
     def __init__(
-        self, config: RedisState, *, what: str, meter_provider: metrics.MeterProvider | None = None
+        self, config: RedisState, *, meter_provider: metrics.MeterProvider | None = None
     ) -> None:
         self.config = config
         self.key = "{" + config.prefix + "}"
-        self._what = what  # "pacer" or "breaker", for log lines
         self.health = Health.UNKNOWN
         self.reason = ""  # why the store is LOCAL
         self._retry_at = -math.inf
@@ -326,9 +325,9 @@ class SharedStore:
             self.health, self.reason = Health.LOCAL, reason
             self._transitions.add(1, {"stallproof.shared.health": "local"})
             logger.warning(
-                "stallproof %s: fleet state on Redis unavailable (%s); using %s until it is"
-                " back (fail=%s)",
-                self._what,
+                "stallproof: fleet state on Redis (prefix %r) unavailable (%s); using %s until"
+                " it is back (fail=%s)",
+                self.config.prefix,
                 reason,
                 "local state" if self.config.fail == "open" else "refusals",
                 self.config.fail,
@@ -339,7 +338,8 @@ class SharedStore:
             if self.health is Health.LOCAL:
                 self._transitions.add(1, {"stallproof.shared.health": "shared"})
                 logger.warning(
-                    "stallproof %s: fleet state on Redis is back; resynchronised", self._what
+                    "stallproof: fleet state on Redis (prefix %r) is back; resynchronised",
+                    self.config.prefix,
                 )
             self.health, self.reason = Health.SHARED, ""
 
@@ -355,6 +355,21 @@ class SharedStore:
         if client is not None:
             with anyio.move_on_after(self.config.op_timeout, shield=True):
                 await client.aclose()
+
+
+class Stores:
+    """The `SharedStore`s of one client, one per `RedisState`: a pacer and a breaker given
+    the same settings share one connection pool and one health (one failure, one log line)."""
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+        self._meter_provider = meter_provider
+        self._stores: dict[RedisState, SharedStore] = {}
+
+    def get(self, config: RedisState) -> SharedStore:
+        store = self._stores.get(config)
+        if store is None:
+            store = self._stores[config] = SharedStore(config, meter_provider=self._meter_provider)
+        return store
 
 
 def now() -> float:
