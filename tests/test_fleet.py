@@ -374,7 +374,7 @@ async def test_fail_closed_refuses_at_once_without_sending(
                 await client.chat.completions.create(model="m", messages=MSGS, timeout=5)
             assert t[0] < 0.1 + MARGIN
             assert "op_timeout" in info.value.reason
-            assert info.value.request_id is not None
+            assert info.value.stallproof_request_id is not None
     assert _requests(fault_server, fault_key) == []
     assert client.pacer_state().in_use == 0
 

@@ -378,7 +378,6 @@ class TransportError(StallproofError, openai.APIConnectionError):
     """The connection failed underneath the call (also an ``openai.APIConnectionError``)."""
 
 
-
 class ConnectError(TransportError):
     """Could not open a connection: refused, unreachable, or name resolution failed."""
 
