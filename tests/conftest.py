@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -322,29 +323,49 @@ def silent_listener() -> Iterator[str]:
 class FleetWorkers:
     """Worker processes (tests/fleet_worker.py) that make calls through shared state.
 
-    Each gets a JSON job and prints one JSON line per finished call: its error class name
-    (or null) and its elapsed seconds. `run` starts them together and waits (bounded).
+    Each gets a JSON job, prints ``ready`` once it has imported everything and built its
+    client, makes its calls when told ``go`` (so phases do not depend on how long imports
+    take on a busy machine), and prints one JSON line per finished call: its error class
+    name (or null) and its elapsed seconds. Every wait is bounded.
     """
 
     def __init__(self) -> None:
         self._procs: list[subprocess.Popen[str]] = []
 
-    def start(self, job: dict[str, Any], *, start_in: float = 1.5) -> subprocess.Popen[str]:
-        job = {"start_at": time.time() + start_in, **job}
+    def start(self, *jobs: dict[str, Any], timeout: float = 60.0) -> list[subprocess.Popen[str]]:
+        """Start one worker per job and wait until every one is ready."""
         script = os.path.join(os.path.dirname(__file__), "fleet_worker.py")
-        proc = subprocess.Popen(
-            [sys.executable, script, json.dumps(job)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self._procs.append(proc)
-        return proc
+        procs = [
+            subprocess.Popen(
+                [sys.executable, script, json.dumps(job)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for job in jobs
+        ]
+        self._procs += procs
+        limit = time.monotonic() + timeout
+        for proc in procs:
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, limit - time.monotonic()))
+            line = proc.stdout.readline() if ready else ""
+            if line.strip() != "ready":
+                raise AssertionError(f"worker not ready within {timeout}s: {line!r}")
+        return procs
+
+    @staticmethod
+    def go(*procs: subprocess.Popen[str]) -> None:
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
 
     def run(self, jobs: list[dict[str, Any]], *, timeout: float = 30.0) -> list[list[Any]]:
-        """Start one worker per job at the same moment; each worker's results."""
-        start_at = time.time() + 1.5 + 0.3 * len(jobs)  # imports take a while on a busy box
-        procs = [self.start({**job, "start_at": start_at}) for job in jobs]
+        """Start one worker per job, let them all go at once; each worker's results."""
+        procs = self.start(*jobs)
+        self.go(*procs)
         return [self.results(p, timeout=timeout) for p in procs]
 
     def results(self, proc: subprocess.Popen[str], *, timeout: float) -> list[Any]:

@@ -2,15 +2,15 @@
 
 Usage: ``python fleet_worker.py JOB`` where JOB is JSON::
 
-    {"base_url": ..., "redis_url": ..., "prefix": ..., "start_at": <time.time()>,
+    {"base_url": ..., "redis_url": ..., "prefix": ...,
      "calls": 3, "total": 2.0, "agent": null, "op_timeout": 1.0,
      "pacer": {"requests_per_minute": 10} | null, "breaker": {"fail_max": 3} | null,
      "lease_ttl": 300, "fault": "status;code=500" | null}
 
-It waits until ``start_at`` (so that every worker starts at once), makes ``calls`` calls at
-the same time, and prints one JSON line per call as it ends: ``[error class or null,
-elapsed seconds]``. Calls after the first printed line are flushed as they end, so a test
-can kill the worker mid-run.
+It prints ``ready`` once its client is built, waits for a ``go`` line on stdin (so that
+workers start together, however long their imports took), makes ``calls`` calls at the
+same time, and prints one JSON line per call as it ends: ``[error class or null, elapsed
+seconds]``, flushed, so a test can kill the worker mid-run.
 """
 
 from __future__ import annotations
@@ -56,7 +56,10 @@ async def main(job: dict[str, Any]) -> None:
         pacer=stallproof.Pacer(**pacer, shared=shared) if pacer is not None else None,
         breaker=stallproof.Breaker(**breaker, shared=shared) if breaker is not None else None,
     )
-    await asyncio.sleep(max(0.0, job["start_at"] - time.time()))
+    print("ready", flush=True)
+    go = await asyncio.wait_for(asyncio.to_thread(sys.stdin.readline), 120)
+    if go.strip() != "go":
+        raise SystemExit(f"expected 'go', got {go!r}")
     try:
         calls = asyncio.gather(*(_one(client, job) for _ in range(job.get("calls", 1))))
         await asyncio.wait_for(calls, 60)  # a worker never outlives its test

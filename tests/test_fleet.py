@@ -139,7 +139,8 @@ def test_breaker_opens_for_the_whole_fleet_and_lets_exactly_one_probe_through(
     redis_prefix: str,
     fleet_workers: FleetWorkers,
 ) -> None:
-    breaker = {"fail_max": 3, "reset_timeout": 4.0}
+    reset = 2.0
+    breaker = {"fail_max": 3, "reset_timeout": reset}
     # One upstream (the base URL), its faults chosen per request by the X-Fault header.
     failing = _job(
         fault_server.url(),
@@ -149,24 +150,33 @@ def test_breaker_opens_for_the_whole_fleet_and_lets_exactly_one_probe_through(
         calls=3,
         fault=f"status;code=500;key={fault_key}",
     )
-    (first,) = fleet_workers.run([failing])
-    opened = time.time()
-    assert [e for e, _ in first] == ["InternalServerError"] * 3
+    slow = {**failing, "calls": 2, "fault": f"healthy;delay=1.5;key={fault_key}"}
+    healthy = {**failing, "calls": 2, "fault": f"healthy;key={fault_key}"}
+    # Every worker of every phase is started (imports done) before the first phase goes.
+    first, *procs = fleet_workers.start(
+        failing, *[{**failing, "calls": 2}] * 2, slow, slow, slow, healthy
+    )
+    refusing, probing, after = procs[:2], procs[2:5], procs[5]
+
+    fleet_workers.go(first)
+    assert [e for e, _ in fleet_workers.results(first, timeout=30)] == ["InternalServerError"] * 3
+    opened = time.monotonic()
     # Other processes, which never saw a failure, find the circuit open: nothing is sent.
-    refused = fleet_workers.run([{**failing, "calls": 2}] * 2)
-    assert [e for w in refused for e, _ in w] == ["CircuitOpen"] * 4
+    fleet_workers.go(*refusing)
+    refused = [e for p in refusing for e, _ in fleet_workers.results(p, timeout=30)]
+    assert refused == ["CircuitOpen"] * 4
+    assert time.monotonic() - opened < reset  # (still open: the test is not too slow)
     assert len(_requests(fault_server, fault_key)) == 3
     # After reset_timeout, one probe for the fleet: a slow healthy answer, and while it is
     # in flight every other call of every worker is refused.
-    time.sleep(max(0.0, opened + 4.0 - time.time() - 2.4))  # the workers start in 2.4 s
-    slow = {**failing, "fault": f"healthy;delay=1.5;key={fault_key}"}
-    probing = fleet_workers.run([{**slow, "calls": 2}] * 3)
-    errors = sorted(str(e) for w in probing for e, _ in w)
-    assert errors == ["CircuitOpen"] * 5 + ["None"]
+    time.sleep(max(0.0, opened + reset + 0.1 - time.monotonic()))
+    fleet_workers.go(*probing)
+    outcomes = [e for p in probing for e, _ in fleet_workers.results(p, timeout=30)]
+    assert sorted(str(e) for e in outcomes) == ["CircuitOpen"] * 5 + ["None"]
     assert len(_requests(fault_server, fault_key)) == 4
     # The probe succeeded: the circuit is closed for everyone.
-    (after,) = fleet_workers.run([{**slow, "fault": f"healthy;key={fault_key}", "calls": 2}])
-    assert [e for e, _ in after] == [None, None]
+    fleet_workers.go(after)
+    assert [e for e, _ in fleet_workers.results(after, timeout=30)] == [None, None]
 
 
 def test_fairness_between_agents_holds_across_processes(
@@ -181,29 +191,27 @@ def test_fairness_between_agents_holds_across_processes(
     # agent's calls go 2nd and 4th at the latest, not after the chatty agent's 8.
     chatty_key, quiet_key = f"{fault_key}-chatty", f"{fault_key}-quiet"
     common = {"pacer": {"max_concurrent": 1}, "total": 15.0}
-    start_at = time.time() + 2.5
-    chatty = fleet_workers.start(
+    chatty, quiet = fleet_workers.start(
         _job(
             fault_server.url("healthy", delay=0.15, key=chatty_key),
             redis_server,
             redis_prefix,
             agent="chatty",
             calls=8,
-            start_at=start_at,
             **common,
-        )
-    )
-    quiet = fleet_workers.start(
+        ),
         _job(
             fault_server.url("healthy", delay=0.15, key=quiet_key),
             redis_server,
             redis_prefix,
             agent="quiet",
             calls=2,
-            start_at=start_at + 0.3,
             **common,
-        )
+        ),
     )
+    fleet_workers.go(chatty)
+    time.sleep(0.3)
+    fleet_workers.go(quiet)
     assert all(e is None for e, _ in fleet_workers.results(chatty, timeout=30))
     assert all(e is None for e, _ in fleet_workers.results(quiet, timeout=30))
     order = sorted(
@@ -229,7 +237,7 @@ async def test_a_killed_workers_leases_return_within_their_ttl(
 ) -> None:
     fault_server, fault_key, redis_server, redis_prefix, fleet_workers = fleet
     ttl = 2.0
-    worker = fleet_workers.start(
+    (worker,) = fleet_workers.start(
         _job(
             fault_server.url("stall_headers", hold=20, key=fault_key),
             redis_server,
@@ -239,9 +247,9 @@ async def test_a_killed_workers_leases_return_within_their_ttl(
             total=30.0,
             lease_ttl=ttl,
             op_timeout=0.3,
-        ),
-        start_in=0.0,
+        )
     )
+    fleet_workers.go(worker)
     await _until_requests(fault_server, fault_key, 2)  # both hold their leases at the server
     worker.send_signal(signal.SIGKILL)
     killed_at = anyio.current_time()
@@ -554,7 +562,7 @@ async def test_a_killed_workers_probe_frees_the_fleets_probe_slot_at_its_deadlin
         )
     await anyio.sleep(0.2)  # the outcome went in the background: the circuit is open
     # A worker becomes the fleet's probe (after reset_timeout), stalls, and is killed.
-    worker = fleet_workers.start(
+    (worker,) = fleet_workers.start(
         _job(
             fault_server.url(),
             redis_server,
@@ -563,9 +571,9 @@ async def test_a_killed_workers_probe_frees_the_fleets_probe_slot_at_its_deadlin
             total=2.0,
             op_timeout=0.3,
             fault=f"stall_headers;hold=20;key={fault_key}",
-        ),
-        start_in=0.0,
+        )
     )
+    fleet_workers.go(worker)
     await _until_requests(fault_server, fault_key, 1)
     probe_sent = anyio.current_time()
     worker.send_signal(signal.SIGKILL)
