@@ -6,6 +6,7 @@ Nothing here sleeps for real: a 30 s open circuit costs nothing.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from typing import Any
 
@@ -199,8 +200,10 @@ async def _a_cancellation() -> BaseException:
     return caught[0]
 
 
-def _fail(circuit: Circuit, error: BaseException | None = None) -> None:
-    circuit.admit().failure(error or stallproof.ConnectionLost("x"), deadline_expired=False)
+async def _fail(circuit: Circuit, error: BaseException | None = None) -> None:
+    (await circuit.admit(deadline=math.inf)).failure(
+        error or stallproof.ConnectionLost("x"), deadline_expired=False
+    )
 
 
 @virtual_time
@@ -209,32 +212,32 @@ async def test_breaker_opens_after_fail_max_then_lets_exactly_one_probe(
 ) -> None:
     circuit = _circuit(fail_max=3, reset_timeout=30)
     for _ in range(3):
-        _fail(circuit)
+        await _fail(circuit)
     assert circuit.state == "open"
     with pytest.raises(stallproof.CircuitOpen) as info:
-        circuit.admit()
+        await circuit.admit(deadline=math.inf)
     assert info.value.retry_in == pytest.approx(30)
     await anyio.sleep(29.9)
     with pytest.raises(stallproof.CircuitOpen):
-        circuit.admit()
+        await circuit.admit(deadline=math.inf)
     await anyio.sleep(0.2)
-    probe = circuit.admit()
+    probe = await circuit.admit(deadline=math.inf)
     assert probe.probe and circuit.state == "half-open"
     for _ in range(5):  # everyone else waits for the probe's verdict
         with pytest.raises(stallproof.CircuitOpen) as info:
-            circuit.admit()
+            await circuit.admit(deadline=math.inf)
         assert info.value.retry_in == 0
     probe.success()
     assert circuit.state == "closed"
-    circuit.admit().success()
+    (await circuit.admit(deadline=math.inf)).success()
 
 
 @virtual_time
 async def test_failed_probe_reopens_for_another_reset_timeout(anyio_backend: Any) -> None:
     circuit = _circuit(fail_max=1, reset_timeout=10)
-    _fail(circuit)
+    await _fail(circuit)
     await anyio.sleep(10)
-    _fail(circuit)  # the probe
+    await _fail(circuit)  # the probe
     assert circuit.state == "open"
     assert circuit.snapshot().retry_in == pytest.approx(10)
 
@@ -244,38 +247,42 @@ async def test_cancellation_and_caller_errors_do_not_open_it(anyio_backend: Any)
     circuit = _circuit(fail_max=2)
     cancelled = await _a_cancellation()
     for _ in range(10):
-        circuit.admit().failure(cancelled, deadline_expired=False)
-        circuit.admit().failure(_status(400), deadline_expired=False)
-        circuit.admit().failure(_status(422), deadline_expired=False)
+        (await circuit.admit(deadline=math.inf)).failure(cancelled, deadline_expired=False)
+        (await circuit.admit(deadline=math.inf)).failure(_status(400), deadline_expired=False)
+        (await circuit.admit(deadline=math.inf)).failure(_status(422), deadline_expired=False)
     assert circuit.state == "closed"
     # Our own deadline expiring is the upstream being too slow: that counts.
-    circuit.admit().failure(cancelled, deadline_expired=True)
-    circuit.admit().failure(cancelled, deadline_expired=True)
+    (await circuit.admit(deadline=math.inf)).failure(cancelled, deadline_expired=True)
+    (await circuit.admit(deadline=math.inf)).failure(cancelled, deadline_expired=True)
     assert circuit.state == "open"
 
 
 @virtual_time
 async def test_cancelled_probe_frees_the_probe_slot(anyio_backend: Any) -> None:
     circuit = _circuit(fail_max=1, reset_timeout=5)
-    _fail(circuit)
+    await _fail(circuit)
     await anyio.sleep(5)
-    probe = circuit.admit()
+    probe = await circuit.admit(deadline=math.inf)
     probe.failure(await _a_cancellation(), deadline_expired=False)
     assert circuit.state == "half-open"
-    circuit.admit().success()  # a new probe may go
+    (await circuit.admit(deadline=math.inf)).success()  # a new probe may go
     assert circuit.state == "closed"
 
 
 @virtual_time
 async def test_429_with_retry_after_opens_for_that_long(anyio_backend: Any) -> None:
     circuit = _circuit(fail_max=5, reset_timeout=30, max_open=100)
-    circuit.admit().failure(_status_with_retry_after(429, 7.0), deadline_expired=False)
+    (await circuit.admit(deadline=math.inf)).failure(
+        _status_with_retry_after(429, 7.0), deadline_expired=False
+    )
     assert circuit.state == "open"
     assert circuit.snapshot().retry_in == pytest.approx(7.0)
     await anyio.sleep(7)
-    circuit.admit().success()
+    (await circuit.admit(deadline=math.inf)).success()
     assert circuit.state == "closed"
-    circuit.admit().failure(_status_with_retry_after(429, 1000.0), deadline_expired=False)
+    (await circuit.admit(deadline=math.inf)).failure(
+        _status_with_retry_after(429, 1000.0), deadline_expired=False
+    )
     assert circuit.snapshot().retry_in == pytest.approx(100)  # clamped to max_open
 
 

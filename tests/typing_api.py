@@ -97,3 +97,22 @@ async def sdk_face_code() -> None:
     claude = stallproof.anthropic.AsyncAnthropic(api_key="k", timeout=30)
     same: stallproof.Engine = claude.with_options(timeout=10).engine
     del resp, calls, engine, same
+
+
+async def fleet_code() -> None:
+    shared = stallproof.RedisState("redis://127.0.0.1:6379/0", prefix="openai", fail="closed")
+    client = stallproof.Client(
+        base_url="http://127.0.0.1:8000/v1",
+        pacer=stallproof.Pacer(requests_per_minute=600, shared=shared),
+        breaker=stallproof.Breaker(fail_max=5, shared=shared),
+    )
+    try:
+        await client.chat.completions.create(model="m", messages=[])
+    except stallproof.SharedStateUnavailable as e:
+        reason: str = e.reason
+        del reason
+    state = client.pacer_state()
+    where: str | None = state.shared if state else None
+    fleet: list[str | None] = [c.shared for c in client.inflight()]
+    del where, fleet
+    await client.aclose()

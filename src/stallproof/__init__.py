@@ -40,6 +40,7 @@ from ._exceptions import (
     ReadTimeout,
     ResponseTooLarge,
     RetryWouldExceedDeadline,
+    SharedStateUnavailable,
     StallproofError,
     StreamErrorEvent,
     TimeoutException,
@@ -54,6 +55,7 @@ from ._pacer import Pacer, PacerState
 from ._raw import RawResponse, StreamingResponse
 from ._resources import Embeddings, ModelList, ModelPage, Models
 from ._retry import DEFAULT_RETRY_STATUSES, Retry, RetryBudget
+from ._shared import RedisState
 from ._stream import AsyncStream
 from ._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
 
@@ -106,10 +108,12 @@ __all__ = [
     "RateLimitError",
     "RawResponse",
     "ReadTimeout",
+    "RedisState",
     "ResponseTooLarge",
     "Retry",
     "RetryBudget",
     "RetryWouldExceedDeadline",
+    "SharedStateUnavailable",
     "StallproofError",
     "StreamErrorEvent",
     "StreamingResponse",

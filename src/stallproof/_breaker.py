@@ -18,6 +18,12 @@ and counts ``CancelledError`` as a failure) is handled here:
   ``max_open``), whatever the failure count: the server said when to come back.
 * Open time is measured on the event loop's monotonic clock (`anyio.current_time`), not
   on pybreaker's wall-clock ``datetime``.
+
+With ``shared=RedisState(...)`` the circuit lives in Redis (`_fleet.FleetBreaker`): every
+process sharing it opens together, and one probe goes for the whole fleet. pybreaker's own
+Redis storage is synchronous (it would block the loop on every state read), so it is not
+used; the local pybreaker keeps recording this process's outcomes and decides alone while
+Redis does not answer.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import anyio
 import pybreaker
 
 from . import _exceptions as exc
+from ._fleet import FleetBreaker
+from ._shared import Health, RedisState, Stores, now
 
 __all__ = ["Breaker", "BreakerRegistry", "Circuit", "CircuitState", "Ticket"]
 
@@ -48,6 +56,8 @@ class Breaker:
         per_model: keep a separate circuit per (base URL, model) instead of per base URL.
             Default False.
         max_open: the longest a server's Retry-After may hold the circuit open. Default 300.
+        shared: a `RedisState` to share each circuit with the other processes that use it
+            (docs/fleet.md). Default None: this process only.
 
     Example:
         >>> Client(base_url=..., breaker=Breaker(fail_max=3, reset_timeout=10))
@@ -58,8 +68,13 @@ class Breaker:
     success_threshold: int = 1
     per_model: bool = False
     max_open: float = 300.0
+    shared: RedisState | None = None
 
     def __post_init__(self) -> None:
+        if self.shared is not None and not isinstance(self.shared, RedisState):
+            raise exc.InvalidRequestError(
+                f"Breaker.shared must be None or a RedisState, got {self.shared!r}"
+            )
         for name in ("fail_max", "success_threshold"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -100,10 +115,14 @@ class Circuit:
         upstream: str,
         policy: Breaker,
         on_change: Callable[[str, str, str], None] | None = None,
+        fleet: FleetBreaker | None = None,
     ) -> None:
         self.upstream = upstream
         self.policy = policy
         self._on_change = on_change
+        self._fleet = fleet
+        self._fleet_state: str | None = None  # the state Redis last reported
+        self._fleet_open_until = 0.0  # on the loop clock
         self._open_until = 0.0
         self._open_for: float | None = None  # a Retry-After to use for the next opening
         self._probing = False
@@ -117,13 +136,30 @@ class Circuit:
             throw_new_error_on_trip=False,
         )
 
+    def shared_status(self) -> str | None:
+        """Where this circuit's answers come from now: "redis", "local (why)"; None: not
+        shared."""
+        return None if self._fleet is None else self._fleet.store.describe()
+
+    def _fleet_view(self) -> bool:
+        """Whether Redis decides now (it answered last time and said something)."""
+        fleet = self._fleet
+        return (
+            fleet is not None
+            and fleet.store.health is Health.SHARED
+            and self._fleet_state is not None
+        )
+
     @property
     def state(self) -> str:
+        if self._fleet_view():
+            return str(self._fleet_state)
         return str(self._cb.current_state)
 
     def snapshot(self) -> CircuitState:
         state = self.state
-        retry_in = max(0.0, self._open_until - anyio.current_time()) if state == "open" else 0.0
+        until = self._fleet_open_until if self._fleet_view() else self._open_until
+        retry_in = max(0.0, until - anyio.current_time()) if state == "open" else 0.0
         return CircuitState(self.upstream, state, self._cb.fail_counter, retry_in, self._probing)
 
     def check(self) -> None:
@@ -132,6 +168,11 @@ class Circuit:
         Called before a request is even built, so a refused call costs microseconds.
         `admit` still decides (and takes the probe slot) when the attempt starts.
         """
+        if self._fleet_view():
+            left = self._fleet_open_until - anyio.current_time()
+            if self._fleet_state == pybreaker.STATE_OPEN and left > 0:
+                raise self._refuse(left)
+            return
         state = self.state
         if state == pybreaker.STATE_OPEN:
             left = self._open_until - anyio.current_time()
@@ -140,8 +181,35 @@ class Circuit:
         elif state == pybreaker.STATE_HALF_OPEN and self._probing:
             raise self._refuse(0.0)
 
-    def admit(self) -> Ticket:
-        """Let an attempt through, or raise `CircuitOpen` at once (no I/O, no await)."""
+    async def admit(self, *, deadline: float) -> Ticket:
+        """Let an attempt through, or raise `CircuitOpen`.
+
+        Without shared state: at once, no I/O. Shared: Redis decides, within its
+        ``op_timeout`` and ``deadline``; when it does not answer in time this process's
+        own state decides (``fail="open"``), or `SharedStateUnavailable` is raised
+        (``fail="closed"``).
+        """
+        fleet = self._fleet
+        if fleet is not None:
+            verdict = await fleet.admit(self.upstream, deadline=deadline)
+            if verdict is not None:
+                self._fleet_seen(verdict.state, verdict.retry_in)
+                if verdict.verdict == "refuse":
+                    raise self._refuse(verdict.retry_in)
+                return Ticket(self, probe=verdict.verdict == "probe", fleet_id=verdict.ticket_id)
+            if fleet.store.fail_closed:
+                raise fleet.store.unavailable_error(f"not sent to {self.upstream}")
+        return self._admit_local()
+
+    def _fleet_seen(self, state: str, retry_in: float) -> None:
+        # What Redis said, kept so that `check` and `snapshot` cost no round trip.
+        before = self.state
+        self._fleet_state = state
+        self._fleet_open_until = now() + retry_in if state == pybreaker.STATE_OPEN else 0.0
+        if self._on_change is not None and before != state:
+            self._on_change(self.upstream, before, state)
+
+    def _admit_local(self) -> Ticket:
         with self._lock:
             state = self.state
             now = anyio.current_time()
@@ -168,7 +236,15 @@ class Circuit:
 
     # -- outcomes, reported through a Ticket ------------------------------------------------
 
-    def _record(self, failed: bool, probe: bool, open_for: float | None = None) -> None:
+    def _record(
+        self, failed: bool, probe: bool, open_for: float | None = None, fleet_id: str | None = None
+    ) -> None:
+        if fleet_id is not None and self._fleet is not None:
+            outcome = "failure" if failed else "success"
+            self._fleet.record(self.upstream, fleet_id, outcome, open_for, self._fleet_seen)
+        self._record_local(failed, probe, open_for)
+
+    def _record_local(self, failed: bool, probe: bool, open_for: float | None) -> None:
         with self._lock:
             if probe:
                 self._probing = False
@@ -185,7 +261,9 @@ class Circuit:
             with contextlib.suppress(_AttemptFailed):
                 self._cb.call(_fail if failed else _succeed)
 
-    def _release(self, probe: bool) -> None:
+    def _release(self, probe: bool, fleet_id: str | None = None) -> None:
+        if probe and fleet_id is not None and self._fleet is not None:
+            self._fleet.record(self.upstream, fleet_id, "release", None, self._fleet_seen)
         with self._lock:
             if probe:
                 self._probing = False
@@ -200,17 +278,18 @@ class Circuit:
 class Ticket:
     """One admitted attempt. Report exactly one outcome (later reports are ignored)."""
 
-    __slots__ = ("_circuit", "_done", "probe")
+    __slots__ = ("_circuit", "_done", "fleet_id", "probe")
 
-    def __init__(self, circuit: Circuit, *, probe: bool) -> None:
+    def __init__(self, circuit: Circuit, *, probe: bool, fleet_id: str | None = None) -> None:
         self._circuit = circuit
         self.probe = probe
+        self.fleet_id = fleet_id  # admitted by Redis: the outcome goes there too
         self._done = False
 
     def success(self) -> None:
         if not self._done:
             self._done = True
-            self._circuit._record(False, self.probe)
+            self._circuit._record(False, self.probe, fleet_id=self.fleet_id)
 
     def failure(self, error: BaseException, *, deadline_expired: bool) -> None:
         """Classify ``error`` and record it: failure, success, or no outcome."""
@@ -219,38 +298,60 @@ class Ticket:
         self._done = True
         circuit = self._circuit
         if isinstance(error, anyio.get_cancelled_exc_class()) and not deadline_expired:
-            circuit._release(self.probe)  # the caller gave up: says nothing about the server
+            # The caller gave up: says nothing about the server.
+            circuit._release(self.probe, self.fleet_id)
             return
         if isinstance(error, exc.APIStatusError):
             if error.status_code == 429 and error.retry_after is not None:
-                circuit._record(True, self.probe, open_for=error.retry_after)
+                circuit._record(True, self.probe, error.retry_after, self.fleet_id)
                 return
             if 400 <= error.status_code < 500 and error.status_code not in (408, 429):
-                circuit._record(False, self.probe)  # the caller's mistake; the server is up
+                # The caller's mistake; the server is up.
+                circuit._record(False, self.probe, fleet_id=self.fleet_id)
                 return
         if isinstance(error, (exc.InvalidRequestError, exc.CircuitOpen)):
-            circuit._release(self.probe)
+            circuit._release(self.probe, self.fleet_id)
             return
-        circuit._record(True, self.probe)
+        circuit._record(True, self.probe, fleet_id=self.fleet_id)
 
 
 class BreakerRegistry:
     """The circuits of one client, created on first use."""
 
     def __init__(
-        self, policy: Breaker, on_change: Callable[[str, str, str], None] | None = None
+        self,
+        policy: Breaker,
+        on_change: Callable[[str, str, str], None] | None = None,
+        *,
+        stores: Stores | None = None,
     ) -> None:
         self.policy = policy
         self._on_change = on_change
         self._circuits: dict[str, Circuit] = {}
         self._lock = threading.Lock()
+        self._fleet = (
+            None
+            if policy.shared is None
+            else FleetBreaker(policy, (stores or Stores()).get(policy.shared))
+        )
+
+    def shared_status(self) -> str | None:
+        """Where circuit answers come from now: "redis", "local (why)"; None: not shared."""
+        return None if self._fleet is None else self._fleet.store.describe()
+
+    async def aclose(self) -> None:
+        """Close the connection to the fleet state, if any (bounded)."""
+        if self._fleet is not None:
+            await self._fleet.store.aclose()
 
     def circuit(self, base_url: str, model: str) -> Circuit:
         key = f"{base_url} model={model}" if self.policy.per_model else base_url
         circuit = self._circuits.get(key)
         if circuit is None:
             with self._lock:
-                circuit = self._circuits.setdefault(key, Circuit(key, self.policy, self._on_change))
+                circuit = self._circuits.setdefault(
+                    key, Circuit(key, self.policy, self._on_change, self._fleet)
+                )
         return circuit
 
     def snapshot(self) -> dict[str, CircuitState]:

@@ -93,6 +93,7 @@ class Call:
         self.max_attempts = max_attempts
         self.bytes_received = 0
         self.content_chunks = 0
+        self.shared: str | None = None  # fleet state: "redis", "local (why)"; None: unshared
         self.observer: CallTelemetry | None = None
         self._registry: dict[int, Call] | None = None
         self._scope: anyio.CancelScope | None = None
@@ -130,6 +131,7 @@ class Call:
             elapsed=now - self.started,
             deadline_left=left,
             stalled=since_progress > stalled_after and left > 0,
+            shared=self.shared,
         )
 
     def progress(self, nbytes: int = 0, *, content: bool = False) -> None:

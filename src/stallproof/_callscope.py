@@ -78,16 +78,22 @@ class CallScope:
             self._permit = await pacing.acquire(
                 agent=call.agent, estimated_tokens=estimated_tokens, deadline=call.total_deadline
             )
-        except exc.PacerTimeout as e:
+        except (exc.PacerTimeout, exc.SharedStateUnavailable) as e:
             e.stallproof_request_id = call.request_id
             raise
+        finally:
+            call.shared = pacing.shared_status() or call.shared
 
-    def admit(self, circuit: Circuit | None) -> None:
-        """Take the breaker ticket for the attempt about to start (None: no breaker)."""
+    async def admit(self, circuit: Circuit | None) -> None:
+        """Take the breaker ticket for the attempt about to start (None: no breaker);
+        a shared circuit asks Redis, inside the call's deadline."""
         if circuit is not None:
             self._circuit = circuit
             self._before = circuit.state
-            self._ticket = circuit.admit()
+            try:
+                self._ticket = await circuit.admit(deadline=self.call.total_deadline)
+            finally:
+                self.call.shared = circuit.shared_status() or self.call.shared
 
     def attempt_ended(self, error: BaseException | None, status: int | None = None) -> None:
         """Settle the attempt's ticket and telemetry; an overload answer slows the pacer."""

@@ -57,6 +57,7 @@ from ._pool import WireStats
 from ._progress import Outcome
 from ._redact import check_headers
 from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
+from ._shared import Stores
 from ._status import status_error_from_body
 from ._telemetry import Telemetry
 
@@ -197,8 +198,9 @@ class Engine:
         self.limits = limits
         self.retry = retry or _NO_RETRY
         self._bucket = TokenBucket(retry_budget) if retry_budget is not None else None
-        self._breakers = BreakerRegistry(breaker) if breaker is not None else None
-        self._pacing = Pacing(pacer) if pacer is not None else None
+        stores = Stores(meter_provider)  # fleet state on Redis, if the policies share any
+        self._breakers = BreakerRegistry(breaker, stores=stores) if breaker is not None else None
+        self._pacing = Pacing(pacer, stores=stores) if pacer is not None else None
         self._owns_pool = pool is None
         if pool is None:
             from ._pool import open_pool
@@ -239,6 +241,9 @@ class Engine:
 
     async def aclose(self) -> None:
         """Close the pool's connections (a pool passed in is left to its owner)."""
+        for shared in (self._pacing, self._breakers):
+            if shared is not None:
+                await shared.aclose()  # fleet state on Redis, if any (bounded)
         if self._owns_pool:
             with anyio.move_on_after(5.0, shield=True):
                 await self.pool.aclose()
@@ -376,7 +381,7 @@ class Engine:
         call.start_attempt(n)
         headers = [*out.headers, (b"x-stallproof-attempt", f"{n}/{of}".encode())]
         headers.extend((k.encode(), v.encode()) for k, v in carrier.items())
-        scope.admit(circuit)
+        await scope.admit(circuit)
         t = call.timeouts
         request = httpcore2.Request(
             out.method,

@@ -27,6 +27,7 @@ StallproofError
 │   └── InternalServerError (>= 500)
 ├── StreamErrorEvent               the server sent an error event inside a 200 stream
 ├── CircuitOpen                    the upstream's circuit breaker is open: not sent at all
+├── SharedStateUnavailable         Redis (fleet state) failed and RedisState.fail="closed"
 └── InvalidRequestError            bad arguments from the caller (also a ValueError)
 ```
 
@@ -36,7 +37,8 @@ Each class is also the openai SDK's class for the same failure, so code written 
 | stallproof                          | also an instance of                                  |
 |-------------------------------------|------------------------------------------------------|
 | `TimeoutException` (every bound)    | ``openai.APITimeoutError`` (not the builtin, see below) |
-| `TransportError`, `CircuitOpen`     | ``openai.APIConnectionError``                        |
+| `TransportError`, `CircuitOpen`,    | ``openai.APIConnectionError``                        |
+| `SharedStateUnavailable`            |                                                      |
 | `TruncatedResponse`, `ResponseTooLarge` | ``openai.APIConnectionError`` (*)              |
 | `ProtocolError`, `StreamErrorEvent` | ``openai.APIError``                                  |
 | `APIStatusError` and subclasses     | ``openai.APIStatusError`` and its class per status   |
@@ -81,6 +83,7 @@ __all__ = [
     "ReadTimeout",
     "ResponseTooLarge",
     "RetryWouldExceedDeadline",
+    "SharedStateUnavailable",
     "StallproofError",
     "StreamErrorEvent",
     "TimeoutException",
@@ -354,6 +357,21 @@ class CircuitOpen(StallproofError, openai.APIConnectionError):
         super().__init__(message, **kwargs)
         self.upstream = upstream
         self.retry_in = retry_in
+
+
+class SharedStateUnavailable(StallproofError, openai.APIConnectionError):
+    """Fleet state on Redis did not answer in time and `RedisState` says ``fail="closed"``:
+    the call was not sent rather than sent without the fleet's limits.
+
+    Also an ``openai.APIConnectionError``, as `CircuitOpen` is: not sent, for now.
+
+    Attributes:
+        reason: why Redis is unavailable (a timeout, a refused connection, ...).
+    """
+
+    def __init__(self, message: str, *, reason: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.reason = reason
 
 
 class TransportError(StallproofError, openai.APIConnectionError):

@@ -64,6 +64,9 @@ class InflightCall:
     elapsed: float
     deadline_left: float
     stalled: bool
+    #: Where the call's fleet limits and circuit came from: "redis", or "local (why)" when
+    #: Redis did not answer in time (docs/fleet.md); None without shared state.
+    shared: str | None = None
 
 
 _TAGS: contextvars.ContextVar[tuple[str | None, Mapping[str, str]]] = contextvars.ContextVar(

@@ -28,6 +28,10 @@ The rules (defaults in brackets):
   successes (as many successful releases as the current limit) adds ``increase_step`` [1],
   up to max_concurrent: 8 -> 4 -> 2 -> 1, and back to 8 after 1+2+...+7 = 28 successes.
   Cancellations and other failures leave the limit alone.
+
+With ``shared=RedisState(...)`` every rule above also holds across the processes that
+share it: a call granted here still needs the fleet's grant (`_fleet.FleetPacer`), and
+falls back to this process's state alone when Redis does not answer in time.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ import anyio.lowlevel
 
 from . import _exceptions as exc
 from ._exceptions import PacerTimeout
+from ._fleet import FleetLease, FleetPacer
+from ._shared import RedisState, Stores
 
 __all__ = [
     "OVERLOAD_STATUSES",
@@ -97,6 +103,8 @@ class Pacer:
             successful calls as the current limit). Default 1.
         weights: agent name -> share of the turns (0.01 to 100); others weigh 1. Default None.
         chars_per_token: characters per token when estimating a request. Default 4.
+        shared: a `RedisState` to share every limit with the other processes that use it
+            (docs/fleet.md). Default None: this process only.
 
     Example:
         >>> Client(base_url=..., pacer=Pacer(max_concurrent=8, requests_per_minute=600))
@@ -111,8 +119,11 @@ class Pacer:
     increase_step: float = 1.0
     weights: Mapping[str, float] | None = dataclasses.field(default=None, hash=False)
     chars_per_token: float = 4.0
+    shared: RedisState | None = None
 
     def __post_init__(self) -> None:
+        if self.shared is not None and not isinstance(self.shared, RedisState):
+            raise _bad("Pacer.shared", "None or a RedisState", self.shared)
         most = self.max_concurrent
         if most is not None and not (_is_int(most) and most >= 1):
             raise _bad("Pacer.max_concurrent", "None or an int >= 1", most)
@@ -170,6 +181,7 @@ class PacerState:
     requests_available: int | None  # grants the request windows allow now; None: no limit
     tokens_available: int | None  # estimated tokens the token windows allow now
     overloads: int  # overloaded releases reported so far
+    shared: str | None = None  # "redis", "local (why)" while Redis fails; None: not shared
 
 
 # -- rate windows ---------------------------------------------------------------------------
@@ -239,6 +251,7 @@ class Permit:
 
     __slots__ = (
         "_epoch",
+        "_fleet",
         "_pacing",
         "_released",
         "_requests",
@@ -258,6 +271,7 @@ class Permit:
         self._tokens = pacing._tpm.take(waiter.tokens, now) if pacing._tpm else None
         self._epoch = pacing._epoch
         self._released = False
+        self._fleet: FleetLease | None = None  # the fleet's grant, when shared
 
     @property
     def released(self) -> bool:
@@ -281,6 +295,13 @@ class Permit:
         self._released = True
         bad = used_tokens is not None and not (_is_int(used_tokens) and used_tokens >= 0)
         self._pacing._release(self, None if bad else used_tokens, overloaded, succeeded)
+        if self._fleet is not None:
+            self._fleet.release(
+                used_tokens=None if bad else used_tokens,
+                overloaded=overloaded,
+                succeeded=succeeded,
+                refund=False,
+            )
         if bad:  # the slot is back all the same: a bad report must not leak a permit
             raise _bad("used_tokens", "None or an int >= 0", used_tokens)
 
@@ -290,12 +311,18 @@ class Permit:
         held. Ignored once released."""
         if not self._released:
             self._pacing._overload(self)
+            if self._fleet is not None:
+                self._fleet.overload()
 
     def _abandon(self) -> None:
         # Granted to a caller that left before it could use it: nothing was sent.
         if not self._released:
             self._released = True
             self._pacing._release(self, None, False, False, refund=True)
+            if self._fleet is not None:
+                self._fleet.release(
+                    used_tokens=None, overloaded=False, succeeded=False, refund=True
+                )
 
     def __enter__(self) -> Permit:
         return self
@@ -324,8 +351,13 @@ class Pacing:
     changes are synchronous, and each waiter sleeps until its own deadline at most.
     """
 
-    def __init__(self, policy: Pacer) -> None:
+    def __init__(self, policy: Pacer, *, stores: Stores | None = None) -> None:
         self.policy = policy
+        self._fleet = (
+            None
+            if policy.shared is None
+            else FleetPacer(policy, (stores or Stores()).get(policy.shared))
+        )
         most = policy.max_concurrent
         self._limit = math.inf if most is None else float(most)
         self._epoch = 0  # bumped on every decrease: one decrease per congestion event
@@ -355,7 +387,17 @@ class Pacing:
             requests_available=None if self._rpm is None else self._rpm.available(now),
             tokens_available=None if self._tpm is None else self._tpm.available(now),
             overloads=self._overloads,
+            shared=self.shared_status(),
         )
+
+    def shared_status(self) -> str | None:
+        """Where fleet answers come from now: "redis", "local (why)"; None: not shared."""
+        return None if self._fleet is None else self._fleet.store.describe()
+
+    async def aclose(self) -> None:
+        """Close the connection to the fleet state, if any (bounded)."""
+        if self._fleet is not None:
+            await self._fleet.store.aclose()
 
     async def acquire(self, *, agent: str | None, estimated_tokens: int, deadline: float) -> Permit:
         """Wait for leave to send one call, at most until ``deadline``.
@@ -370,6 +412,8 @@ class Pacing:
             PacerTimeout: the deadline passed in the queue; or, at once, the per-minute
                 windows show that capacity cannot arrive before it.
             InvalidRequestError: a bad argument.
+            SharedStateUnavailable: shared on Redis with ``fail="closed"``, and Redis did
+                not answer in time.
 
         A caller cancelled while it waits leaves the queue and takes nothing.
         """
@@ -404,6 +448,14 @@ class Pacing:
             else:
                 self._remove(waiter)
             raise
+        if self._fleet is not None:
+            try:
+                permit._fleet = await self._fleet.acquire(
+                    agent=agent, tokens=estimated_tokens, deadline=deadline, arrived=waiter.arrived
+                )
+            except BaseException:
+                permit._abandon()  # not sent: the local grant goes back as if never made
+                raise
         return permit
 
     # -- internals: every method below runs without awaiting, so none can be interrupted --

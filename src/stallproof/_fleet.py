@@ -1,0 +1,287 @@
+"""The fleet side of a `Pacer` and a `Breaker` with ``shared=RedisState(...)``.
+
+`FleetPacer` adds a fleet-wide admission step after the process's own pacer: a call that
+the process would send also needs a grant from Redis (concurrency lease, request and token
+windows, the adaptive limit, fair turns between agents across processes). `FleetBreaker`
+asks Redis whether a circuit admits an attempt, with one half-open probe for the fleet.
+
+Both answer `UNAVAILABLE` when Redis does not answer in time; the caller then goes on with
+its own state (``fail="open"``) or refuses (``fail="closed"``). Releases and outcomes are
+sent in the background (bounded): a lease that could not be released expires by itself at
+its call's deadline, or ``lease_ttl``, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from . import _redis_scripts as lua
+from ._exceptions import PacerTimeout
+from ._shared import UNAVAILABLE, SharedStore, now
+
+if TYPE_CHECKING:
+    from ._breaker import Breaker
+    from ._pacer import Pacer
+
+__all__ = ["FleetBreaker", "FleetLease", "FleetPacer", "FleetVerdict"]
+
+
+def _agent_key(agent: str | None) -> str:
+    # Never empty, never ambiguous between "no agent" and an agent named like the marker.
+    return "-" if agent is None else "a:" + agent
+
+
+class FleetLease:
+    """One call's grant from the fleet; released once, in the background."""
+
+    __slots__ = ("_done", "_fleet", "epoch", "id")
+
+    def __init__(self, fleet: FleetPacer, lease_id: str, epoch: int) -> None:
+        self._fleet = fleet
+        self.id = lease_id
+        self.epoch = epoch
+        self._done = False
+
+    def release(
+        self, *, used_tokens: int | None, overloaded: bool, succeeded: bool, refund: bool
+    ) -> None:
+        if not self._done:
+            self._done = True
+            self._fleet._report(self, True, used_tokens, overloaded, succeeded, refund)
+
+    def overload(self) -> None:
+        if not self._done:
+            self._fleet._report(self, False, None, True, False, False)
+
+
+class FleetPacer:
+    """Fleet-wide admission for one `Pacer` (see the module docstring)."""
+
+    def __init__(self, policy: Pacer, store: SharedStore) -> None:
+        self.policy = policy
+        self.store = store
+        self._prefix = store.key + ":pacer"
+        # Set when this process releases a lease: its own waiters ask again at once rather
+        # than at their next poll (other processes' releases are seen by polling).
+        self._released: anyio.Event | None = None
+
+    def _poke(self, answer: object = None) -> None:
+        released, self._released = self._released, None
+        if released is not None:
+            released.set()
+
+    async def _nap(self, seconds: float) -> None:
+        if self._released is None:
+            self._released = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await self._released.wait()
+
+    async def acquire(
+        self, *, agent: str | None, tokens: int, deadline: float, arrived: float
+    ) -> FleetLease | None:
+        """Wait for the fleet's grant, at most until ``deadline``.
+
+        Returns None when Redis did not answer in time and ``fail="open"``: the caller
+        goes on with its own pacer alone.
+
+        Raises:
+            PacerTimeout: the deadline passed in the fleet's queue, or the fleet's windows
+                show capacity cannot come before it.
+            SharedStateUnavailable: Redis did not answer and ``fail="closed"``.
+        """
+        policy, config, store = self.policy, self.store.config, self.store
+        wid = store.new_id()
+        weights = policy.weights or {}
+        weight = 1.0 if agent is None else weights.get(agent, 1.0)
+        # A waiter that stops asking (its worker died) leaves the queue after this.
+        longest_sleep = max(1.0, config.poll_interval)
+        waiter_ms = math.ceil((2 * longest_sleep + 2 * config.op_timeout) * 1000)
+        key = _agent_key(agent)
+        queued = False
+        try:
+            while True:
+                now = anyio.current_time()
+                if now >= deadline:
+                    raise self._timeout(agent, arrived, deadline, now, "")
+                lease_s = min(deadline - now, config.lease_ttl) + config.op_timeout
+                args = [
+                    self._prefix,
+                    wid,
+                    key,
+                    repr(float(weight)),
+                    tokens,
+                    policy.max_concurrent or 0,
+                    repr(float(policy.requests_per_minute or 0)),
+                    repr(float(policy.tokens_per_minute or 0)),
+                    math.ceil(lease_s * 1000),
+                    waiter_ms,
+                    1 if policy.adaptive else 0,
+                ]
+                answer = await store.run(
+                    "pacer.acquire", lua.PACER_ACQUIRE, args, deadline=deadline
+                )
+                if answer is UNAVAILABLE:
+                    if store.fail_closed:
+                        raise store.unavailable_error("not sent")
+                    if queued:  # best effort; its entry expires by itself otherwise
+                        store.submit("pacer.leave", lua.PACER_LEAVE, [self._prefix, wid, key])
+                    return None
+                queued = True
+                granted, wait_ms = int(answer[0]), int(answer[1])
+                if granted:
+                    queued = False
+                    return FleetLease(self, wid, int(answer[2]))
+                now = anyio.current_time()
+                if wait_ms >= 0:  # our turn; a rate window frees capacity in wait_ms
+                    ready = now + wait_ms / 1000
+                    if ready >= deadline:
+                        raise self._timeout(
+                            agent,
+                            arrived,
+                            deadline,
+                            now,
+                            f"the fleet's per-minute limits free capacity in {wait_ms / 1000:.3f}s",
+                        )
+                    nap = min(wait_ms / 1000, longest_sleep)
+                else:  # not our turn, or every concurrency slot of the fleet is leased
+                    nap = config.poll_interval
+                await self._nap(max(0.0, min(nap, deadline - now)))
+        except BaseException:
+            if queued:
+                store.submit("pacer.leave", lua.PACER_LEAVE, [self._prefix, wid, key])
+            raise
+
+    def _timeout(
+        self, agent: str | None, arrived: float, deadline: float, now: float, why: str
+    ) -> PacerTimeout:
+        who = "no agent" if agent is None else f"agent {agent!r}"
+        if why:
+            what = (
+                f"not sent: {why} but only {deadline - now:.3f}s of the call's total budget is left"
+            )
+        else:
+            what = (
+                f"waited {now - arrived:.3f}s in the fleet's pacer queue; the call's total"
+                " budget ran out before it was sent"
+            )
+        return PacerTimeout(
+            f"{what} ({who})",
+            agent=agent,
+            ahead=0,
+            waited=now - arrived,
+            limit=deadline - arrived,
+            elapsed=now - arrived,
+            phase="pacer queue",
+        )
+
+    def _report(
+        self,
+        lease: FleetLease,
+        release: bool,
+        used_tokens: int | None,
+        overloaded: bool,
+        succeeded: bool,
+        refund: bool,
+    ) -> None:
+        policy = self.policy
+        self.store.submit(
+            "pacer.release",
+            lua.PACER_RELEASE,
+            [
+                self._prefix,
+                lease.id,
+                int(release),
+                -1 if used_tokens is None else used_tokens,
+                int(overloaded),
+                int(succeeded),
+                int(refund),
+                policy.max_concurrent or 0,
+                int(policy.adaptive),
+                policy.min_concurrent,
+                repr(float(policy.decrease_factor)),
+                repr(float(policy.increase_step)),
+            ],
+            on_result=self._poke if release else None,
+        )
+
+
+class FleetVerdict:
+    """Redis's answer to one admission: go, be the probe, or refused for ``retry_in``."""
+
+    __slots__ = ("retry_in", "state", "ticket_id", "verdict")
+
+    def __init__(self, verdict: str, retry_in: float, state: str, ticket_id: str) -> None:
+        self.verdict = verdict
+        self.retry_in = retry_in
+        self.state = state
+        self.ticket_id = ticket_id
+
+
+class FleetBreaker:
+    """Fleet-wide circuit state for one `Breaker` (see the module docstring)."""
+
+    def __init__(self, policy: Breaker, store: SharedStore) -> None:
+        self.policy = policy
+        self.store = store
+
+    def _key(self, upstream: str) -> str:
+        return f"{self.store.key}:cb:{upstream}"
+
+    async def admit(self, upstream: str, *, deadline: float) -> FleetVerdict | None:
+        """Redis's verdict, or None when it did not answer in time."""
+        ticket_id = self.store.new_id()
+        # A probe holds the fleet's one slot until its call's deadline at most (max_open
+        # when it has none): a probe whose worker died frees it by then.
+        hold = deadline - now() + self.store.config.op_timeout
+        if not math.isfinite(hold):
+            hold = self.policy.max_open
+        probe_ms = math.ceil(min(max(hold, 0.1), self.policy.max_open) * 1000)
+        answer = await self.store.run(
+            "breaker.admit",
+            lua.BREAKER_ADMIT,
+            [self._key(upstream), ticket_id, probe_ms],
+            deadline=deadline,
+        )
+        if answer is UNAVAILABLE:
+            return None
+        verdict, ms, state = answer
+        return FleetVerdict(_text(verdict), int(ms) / 1000, _text(state), ticket_id)
+
+    def record(
+        self,
+        upstream: str,
+        ticket_id: str,
+        outcome: str,
+        open_for: float | None,
+        on_state: Callable[[str, float], None],
+    ) -> None:
+        """Send one outcome ('success', 'failure', 'release') in the background."""
+        policy = self.policy
+        open_ms = -1 if open_for is None else math.ceil(min(open_for, policy.max_open) * 1000)
+
+        def done(answer: Any) -> None:
+            state, ms = answer
+            on_state(_text(state), int(ms) / 1000)
+
+        self.store.submit(
+            "breaker.record",
+            lua.BREAKER_RECORD,
+            [
+                self._key(upstream),
+                ticket_id,
+                outcome,
+                open_ms,
+                policy.fail_max,
+                math.ceil(policy.reset_timeout * 1000),
+                policy.success_threshold,
+            ],
+            on_result=done,
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
