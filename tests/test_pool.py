@@ -504,6 +504,8 @@ def test_hung_lookups_do_not_hold_up_shutdown() -> None:
             )
         assert done.returncode == 0, done.stderr
         assert float(done.stdout) < 0.2 + MARGIN + 0.3
-        assert t[0] < 5  # interpreter start-up included; a hung lookup would be 30 s
+        # Interpreter start-up and imports included (seconds on a loaded box); a hung lookup
+        # would hold the exit for its 30 s.
+        assert t[0] < 15
     finally:
         dns.close()
