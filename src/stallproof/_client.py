@@ -21,6 +21,7 @@ from ._engine import CallOptions, Engine, Incoming
 from ._httpx_pool import HttpxClientPool
 from ._inflight import InflightCall
 from ._pacer import Pacer, PacerState
+from ._proxy import ProxyTypes
 from ._raw import PerCall, Prepared
 from ._redact import safe_url
 from ._request import is_omitted
@@ -70,7 +71,13 @@ class Client:
             pool (for its proxies, certificates or event hooks). Every bound still holds,
             but its pool is httpcore's, which cancellations can leave with dead slots
             (encode/httpcore#1093): a warning says so once. Not closed by `aclose`.
-        trust_env: let httpx read proxy settings from the environment (default True).
+        trust_env: send through the proxies the environment names, as httpx does
+            (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, bar ``NO_PROXY``; default
+            True). See docs/pool.md, "Proxies".
+        proxy: a proxy for every call instead of the environment's: a URL
+            (``http://user:pass@proxy:3128``, ``https://...``, ``socks5://...`` with the
+            ``socks`` extra) or an ``httpx.Proxy``. Its credentials never show in a repr,
+            an error, a log line or a span.
         tracer_provider, meter_provider: OpenTelemetry providers; default the global ones.
             With none configured, tracing costs a few no-op calls.
         provider_name: ``gen_ai.provider.name`` on spans and metrics (default "openai").
@@ -100,6 +107,7 @@ class Client:
         default_query: Mapping[str, object] | None = None,
         http_client: httpx.AsyncClient | None = None,
         trust_env: bool = True,
+        proxy: ProxyTypes | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         provider_name: str = "openai",
@@ -110,6 +118,11 @@ class Client:
         if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
             raise exc.InvalidRequestError(
                 f"http_client must be an httpx.AsyncClient, got {type(http_client).__name__}"
+            )
+        if http_client is not None and proxy is not None:
+            raise exc.InvalidRequestError(
+                "give proxy to your http_client (httpx.AsyncClient(proxy=...)), not to Client: "
+                "with an http_client, stallproof's own pool is not used"
             )
         self._settings = Settings.make(
             base_url=base_url,
@@ -132,6 +145,7 @@ class Client:
             pacer=pacer,
             pool=HttpxClientPool(http_client) if http_client is not None else None,
             trust_env=trust_env,
+            proxy=proxy,
             provider_name=provider_name,
             record_content=record_content,
             tracer_provider=tracer_provider,

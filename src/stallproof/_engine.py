@@ -55,6 +55,7 @@ from ._json import OFF_LOOP_BYTES, loads
 from ._pacer import Pacer, PacerState, Pacing
 from ._pool import WireStats
 from ._progress import Outcome
+from ._proxy import ProxyTypes
 from ._redact import check_headers
 from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
 from ._shared import Stores
@@ -164,6 +165,10 @@ class Engine:
         pacer: a `Pacer` every call waits for (inside its deadline); None: no pacing.
         pool: the connection pool to send through; default: stallproof's own, built from
             ``limits`` (see `stallproof._pool`).
+        trust_env: the default pool sends through the proxies ``HTTP_PROXY``,
+            ``HTTPS_PROXY``, ``ALL_PROXY`` name, bar ``NO_PROXY`` (as httpx does).
+        proxy: a proxy URL (``http://user:pass@host:3128``, ``socks5://...``) or an
+            ``httpx.Proxy`` for every call of the default pool, instead of the environment.
         provider_name, record_content, tracer_provider, meter_provider: telemetry, as
             for `Client`.
     """
@@ -179,6 +184,7 @@ class Engine:
         pacer: Pacer | None = None,
         pool: Pool | None = None,
         trust_env: bool = True,
+        proxy: ProxyTypes | None = None,
         provider_name: str | None = None,
         record_content: bool = False,
         tracer_provider: Any = None,
@@ -205,7 +211,7 @@ class Engine:
         if pool is None:
             from ._pool import open_pool
 
-            pool = open_pool(limits, trust_env=trust_env)
+            pool = open_pool(limits, trust_env=trust_env, proxy=proxy)
         self.pool: Pool = pool
         self._rng = random.Random()
         self._calls: dict[int, Call] = {}

@@ -14,6 +14,10 @@ made without awaiting (I/O — closing a socket — comes after):
 - ``_waiting``: callers waiting for a slot, first come first served (dict: O(1) removal);
 - ``_open``: connections open or opening; ``_busy``: connections handed to a caller.
 
+Connections are keyed by origin *and* proxy (`stallproof._proxy`): a connection through a
+proxy is only ever reused for the same origin through the same proxy. Which proxy an origin
+takes is worked out once per origin (httpx's rules) and remembered, so the key stays O(1).
+
 Each connection has exactly one owner at a time — the pool (idle), one caller (in use), or
 a waiter it was just granted to — and every exit path of the owner gives it back:
 
@@ -38,6 +42,7 @@ import httpcore2
 
 from ._config import Limits
 from ._network import Network
+from ._proxy import ProxyRoute, ProxyRoutes, ProxyTypes, proxy_routes
 
 __all__ = ["Wire", "WireStats", "open_pool"]
 
@@ -67,23 +72,25 @@ class WireStats:
         return self.in_use == 0 and self.waiting == 0
 
 
-_Key = tuple[bytes, bytes, int]
-"""An origin as a dict key (httpcore2's `Origin` is not hashable): scheme, host, port."""
+_Conn = httpcore2.AsyncConnectionInterface
+"""A connection: direct (`AsyncHTTPConnection`) or through a proxy (`stallproof._proxy`)."""
 
-
-def _key(origin: httpcore2.Origin) -> _Key:
-    return (origin.scheme, origin.host, origin.port)
+_Key = tuple[bytes, bytes, int, ProxyRoute | None]
+"""Where a connection goes, as a dict key (httpcore2's `Origin` is not hashable): scheme,
+host, port, and the proxy it goes through (None: direct; routes hash by identity)."""
 
 
 class _Waiter:
     """A call waiting for a connection; ``granted`` is set (with ``ready``) when it has one."""
 
-    __slots__ = ("granted", "origin", "ready")
+    __slots__ = ("granted", "key", "origin", "ready", "route")
 
-    def __init__(self, origin: httpcore2.Origin) -> None:
+    def __init__(self, origin: httpcore2.Origin, route: ProxyRoute | None, key: _Key) -> None:
         self.origin = origin
+        self.route = route
+        self.key = key
         self.ready = anyio.Event()
-        self.granted: httpcore2.AsyncHTTPConnection | None = None
+        self.granted: _Conn | None = None
 
 
 class Wire:
@@ -93,6 +100,8 @@ class Wire:
         limits: ``max_connections``, ``max_keepalive_connections`` and ``keepalive_expiry``.
         network: the `Network` backend (default: one with its own DNS limiter).
         ssl_context: for https (default: httpcore2's, with certifi's roots).
+        proxies: the `ProxyRoutes` to send through (see `stallproof._proxy.proxy_routes`);
+            None: every origin directly.
     """
 
     def __init__(
@@ -101,15 +110,17 @@ class Wire:
         *,
         network: Network | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        proxies: ProxyRoutes | None = None,
     ) -> None:
         self._max_open = limits.max_connections
         self._max_idle = min(limits.max_keepalive_connections, limits.max_connections)
         self._keepalive_expiry = limits.keepalive_expiry
         self.network = network if network is not None else Network()
         self._ssl_context = ssl_context
-        self._idle: dict[_Key, dict[httpcore2.AsyncHTTPConnection, None]] = {}
-        self._idle_order: dict[httpcore2.AsyncHTTPConnection, _Key] = {}
-        self._busy: set[httpcore2.AsyncHTTPConnection] = set()
+        self.proxies = proxies
+        self._idle: dict[_Key, dict[_Conn, None]] = {}
+        self._idle_order: dict[_Conn, _Key] = {}
+        self._busy: set[_Conn] = set()
         self._waiting: dict[_Waiter, None] = {}
         self._open = 0
 
@@ -144,13 +155,17 @@ class Wire:
                 f"unsupported URL scheme {scheme.decode('ascii', 'replace')!r}"
             )
         origin = request.url.origin
-        closing: list[httpcore2.AsyncHTTPConnection] = []
-        conn = self._checkout(origin, closing)
+        route = self.proxies.route(origin) if self.proxies is not None else None
+        if route is not None:
+            route.check()
+        key = (origin.scheme, origin.host, origin.port, route)
+        closing: list[_Conn] = []
+        conn = self._checkout(origin, route, key, closing)
         try:
             await _close(closing)
             if conn is None:  # _wait gives back what it was granted if it fails
                 timeout = request.extensions.get("timeout", {}).get("pool")
-                conn = await self._wait(origin, timeout)
+                conn = await self._wait(_Waiter(origin, route, key), timeout)
             response = await conn.handle_async_request(request)
         except BaseException:
             if conn is not None:
@@ -163,7 +178,7 @@ class Wire:
         return httpcore2.Response(
             status=response.status,
             headers=response.headers,
-            content=_Body(stream, self, conn, _key(origin)),
+            content=_Body(stream, self, conn, key),
             extensions=response.extensions,
         )
 
@@ -179,10 +194,14 @@ class Wire:
     # -- the bookkeeping: no awaits below this line until _close -----------------------------
 
     def _checkout(
-        self, origin: httpcore2.Origin, closing: list[httpcore2.AsyncHTTPConnection]
-    ) -> httpcore2.AsyncHTTPConnection | None:
-        """An idle connection of ``origin``, a new one if a slot is free, else None."""
-        idle = self._idle.get(_key(origin))
+        self,
+        origin: httpcore2.Origin,
+        route: ProxyRoute | None,
+        key: _Key,
+        closing: list[_Conn],
+    ) -> _Conn | None:
+        """An idle connection for ``key``, a new one if a slot is free, else None."""
+        idle = self._idle.get(key)
         while idle:
             conn, _ = idle.popitem()
             del self._idle_order[conn]
@@ -197,29 +216,35 @@ class Wire:
                 return None
             closing.append(self._evict_oldest_idle())
             self._open -= 1
-        return self._new(origin)
+        return self._new(origin, route)
 
-    def _new(self, origin: httpcore2.Origin) -> httpcore2.AsyncHTTPConnection:
+    def _new(self, origin: httpcore2.Origin, route: ProxyRoute | None) -> _Conn:
+        conn: _Conn
+        if route is None:
+            conn = httpcore2.AsyncHTTPConnection(
+                origin=origin,
+                ssl_context=self._ssl_context,
+                keepalive_expiry=self._keepalive_expiry,
+                network_backend=self.network,
+            )
+        else:
+            conn = route.connection(
+                origin,
+                ssl_context=self._ssl_context,
+                keepalive_expiry=self._keepalive_expiry,
+                network=self.network,
+            )
         self._open += 1
-        conn = httpcore2.AsyncHTTPConnection(
-            origin=origin,
-            ssl_context=self._ssl_context,
-            keepalive_expiry=self._keepalive_expiry,
-            network_backend=self.network,
-        )
         self._busy.add(conn)
         return conn
 
-    def _evict_oldest_idle(self) -> httpcore2.AsyncHTTPConnection:
+    def _evict_oldest_idle(self) -> _Conn:
         conn, key = next(iter(self._idle_order.items()))
         del self._idle_order[conn]
         del self._idle[key][conn]
         return conn
 
-    async def _wait(
-        self, origin: httpcore2.Origin, timeout: float | None
-    ) -> httpcore2.AsyncHTTPConnection:
-        waiter = _Waiter(origin)
+    async def _wait(self, waiter: _Waiter, timeout: float | None) -> _Conn:
         self._waiting[waiter] = None
         try:
             with anyio.fail_after(timeout):
@@ -227,7 +252,7 @@ class Wire:
         except BaseException as e:
             if waiter.granted is not None:
                 # Granted as we were leaving: the connection goes on to the next waiter.
-                await self._checkin(waiter.granted, _key(origin))
+                await self._checkin(waiter.granted, waiter.key)
             else:
                 del self._waiting[waiter]
             if isinstance(e, TimeoutError):
@@ -238,34 +263,29 @@ class Wire:
             raise RuntimeError("the pool woke a waiter without a connection")
         return granted
 
-    def _grant(
-        self,
-        conn: httpcore2.AsyncHTTPConnection | None,
-        key: _Key | None,
-        closing: list[httpcore2.AsyncHTTPConnection],
-    ) -> bool:
+    def _grant(self, conn: _Conn | None, key: _Key | None, closing: list[_Conn]) -> bool:
         """Give a freed slot (with ``conn``, idle, or empty) to the first waiter, if any."""
         if not self._waiting:
             return False
         waiter = next(iter(self._waiting))
         del self._waiting[waiter]
-        if conn is not None and key == _key(waiter.origin):
+        if conn is not None and key == waiter.key:
             waiter.granted = conn  # still counted in _busy: it changes hands
         else:
             if conn is not None:
                 self._busy.discard(conn)
                 closing.append(conn)
                 self._open -= 1
-            waiter.granted = self._new(waiter.origin)
+            waiter.granted = self._new(waiter.origin, waiter.route)
         waiter.ready.set()
         return True
 
-    async def _checkin(self, conn: httpcore2.AsyncHTTPConnection, key: _Key) -> None:
+    async def _checkin(self, conn: _Conn, key: _Key) -> None:
         """A caller is done with ``conn`` (of origin ``key``): reuse it if idle, else close it."""
         if not conn.is_idle() or conn.is_closed():
             await self._discard(conn)
             return
-        closing: list[httpcore2.AsyncHTTPConnection] = []
+        closing: list[_Conn] = []
         if not self._grant(conn, key, closing):
             self._busy.discard(conn)
             if len(self._idle_order) >= self._max_idle:
@@ -276,7 +296,7 @@ class Wire:
                 self._idle_order[conn] = key
         await _close(closing)
 
-    async def _discard(self, conn: httpcore2.AsyncHTTPConnection) -> None:
+    async def _discard(self, conn: _Conn) -> None:
         """Close ``conn`` (it failed, was cancelled, or its body was cut) and free its slot."""
         closing = [conn]
         if conn in self._busy:
@@ -293,7 +313,7 @@ class _Body:
         self,
         stream: AsyncIterable[bytes],
         wire: Wire,
-        conn: httpcore2.AsyncHTTPConnection,
+        conn: _Conn,
         key: _Key,
     ) -> None:
         self._stream = stream
@@ -342,7 +362,7 @@ class _Parts:
                 await self._parts.aclose()
 
 
-async def _close(conns: list[httpcore2.AsyncHTTPConnection]) -> None:
+async def _close(conns: list[_Conn]) -> None:
     """Close connections taken out of the pool: shielded, bounded."""
     if not conns:
         return
@@ -352,6 +372,9 @@ async def _close(conns: list[httpcore2.AsyncHTTPConnection]) -> None:
                 await conn.aclose()
 
 
-def open_pool(limits: Limits, *, trust_env: bool = True) -> Wire:
-    """The engine's default pool (``trust_env``: proxies are not supported yet)."""
-    return Wire(limits)
+def open_pool(
+    limits: Limits, *, trust_env: bool = True, proxy: ProxyTypes | None = None
+) -> Wire:
+    """The engine's default pool: through ``proxy`` if given, else (with ``trust_env``)
+    through the proxies the environment names, as httpx would (see `stallproof._proxy`)."""
+    return Wire(limits, proxies=proxy_routes(proxy, trust_env=trust_env))
