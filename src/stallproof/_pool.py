@@ -372,9 +372,7 @@ async def _close(conns: list[_Conn]) -> None:
                 await conn.aclose()
 
 
-def open_pool(
-    limits: Limits, *, trust_env: bool = True, proxy: ProxyTypes | None = None
-) -> Wire:
+def open_pool(limits: Limits, *, trust_env: bool = True, proxy: ProxyTypes | None = None) -> Wire:
     """The engine's default pool: through ``proxy`` if given, else (with ``trust_env``)
     through the proxies the environment names, as httpx would (see `stallproof._proxy`)."""
     return Wire(limits, proxies=proxy_routes(proxy, trust_env=trust_env))

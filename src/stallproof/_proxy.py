@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import base64
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import httpcore2
 import httpx
@@ -59,15 +60,8 @@ class ProxyRoute:
     __slots__ = ("_auth", "_headers", "_socks_ready", "origin", "proxy_ssl_context", "shown")
 
     def __init__(self, proxy: ProxyTypes, *, ssl_context: ssl.SSLContext | None = None) -> None:
-        try:
-            if not isinstance(proxy, httpx.Proxy):
-                proxy = httpx.Proxy(url=proxy)
-        except (ValueError, TypeError, httpx.InvalidURL):
-            # httpx's message quotes the URL, userinfo and all: name only what is wrong.
-            shown = safe_url(proxy) if isinstance(proxy, str | httpx.URL) else type(proxy)
-            raise InvalidRequestError(
-                f"proxy must be an http, https, socks5 or socks5h URL, got {shown!s}"
-            ) from None
+        if not isinstance(proxy, httpx.Proxy):
+            proxy = _parse(proxy)
         url = proxy.url
         if not url.host:
             raise InvalidRequestError(f"proxy URL has no host: {safe_url(url)}")
@@ -117,13 +111,17 @@ class ProxyRoute:
         if self.socks:
             from httpcore2._async.socks_proxy import AsyncSocks5Connection
 
-            return AsyncSocks5Connection(
-                proxy_origin=self.origin,
-                remote_origin=origin,
-                proxy_auth=self._auth,
-                ssl_context=ssl_context,
-                keepalive_expiry=keepalive_expiry,
-                network_backend=network,
+            holding = _Holding(network)
+            return _SocksConnection(
+                AsyncSocks5Connection(
+                    proxy_origin=self.origin,
+                    remote_origin=origin,
+                    proxy_auth=self._auth,
+                    ssl_context=ssl_context,
+                    keepalive_expiry=keepalive_expiry,
+                    network_backend=holding,
+                ),
+                holding,
             )
         if origin.scheme == b"http":
             return AsyncForwardHTTPConnection(
@@ -143,6 +141,102 @@ class ProxyRoute:
             keepalive_expiry=keepalive_expiry,
             network_backend=network,
         )
+
+
+class _Holding(httpcore2.AsyncNetworkBackend):
+    """The backend a SOCKS connection opens its socket through, holding on to it.
+
+    httpcore2's `AsyncSocks5Connection` forgets its socket when the SOCKS handshake fails
+    or is cancelled (a proxy that never answers, a deadline): its ``aclose`` closes only a
+    finished connection, so the socket stayed open until the GC found it.
+    """
+
+    def __init__(self, network: httpcore2.AsyncNetworkBackend) -> None:
+        self._network = network
+        self.streams: list[httpcore2.AsyncNetworkStream] = []
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        stream = await self._network.connect_tcp(host, port, timeout, local_address, socket_options)
+        self.streams.append(stream)
+        return stream
+
+    async def sleep(self, seconds: float) -> None:
+        await self._network.sleep(seconds)
+
+
+class _SocksConnection(httpcore2.AsyncConnectionInterface):
+    """httpcore2's SOCKS5 connection, whose ``aclose`` also closes a half-made socket."""
+
+    def __init__(self, inner: httpcore2.AsyncConnectionInterface, holding: _Holding) -> None:
+        self._inner = inner
+        self._holding = holding
+
+    async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response:
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            streams, self._holding.streams = self._holding.streams, []
+            for stream in streams:
+                await stream.aclose()
+
+    def info(self) -> str:
+        return self._inner.info()
+
+    def can_handle_request(self, origin: httpcore2.Origin) -> bool:
+        return self._inner.can_handle_request(origin)
+
+    def is_available(self) -> bool:
+        return self._inner.is_available()
+
+    def has_expired(self) -> bool:
+        return self._inner.has_expired()
+
+    def is_idle(self) -> bool:
+        return self._inner.is_idle()
+
+    def is_closed(self) -> bool:
+        # Closed only once our aclose has let go of the socket it may be holding.
+        return self._inner.is_closed() and not self._holding.streams
+
+    def is_connected(self) -> bool:
+        return self._inner.is_connected()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} [{self.info()}]>"
+
+
+def _parse(url: object) -> httpx.Proxy:
+    """``url`` as an ``httpx.Proxy`` (which moves its userinfo to ``auth``)."""
+    problem = None
+    try:
+        return httpx.Proxy(url=url)  # type: ignore[arg-type]  # checked by the except
+    except (ValueError, TypeError, httpx.InvalidURL):
+        problem = _what_is_wrong(url)
+    # Raised outside the except block: httpx's message (the chained context) quotes the
+    # URL, userinfo and all.
+    raise InvalidRequestError(problem)
+
+
+def _what_is_wrong(proxy: object) -> str:
+    """Why ``proxy`` is not a proxy URL, quoting at most its scheme (never its userinfo)."""
+    if not isinstance(proxy, str | httpx.URL):
+        return f"proxy must be a URL or an httpx.Proxy, got {type(proxy).__name__}"
+    scheme, sep, _ = str(proxy).partition("://")
+    if not sep:
+        return "proxy must be a URL with a scheme: http://, https://, socks5:// or socks5h://"
+    if scheme not in _SCHEMES and scheme.isalnum() and len(scheme) <= 10:
+        return f"proxy URL scheme must be http, https, socks5 or socks5h, got {scheme!r}"
+    return "proxy is not a valid http, https, socks5 or socks5h URL (URL not shown)"
 
 
 def _socksio_installed() -> bool:
