@@ -441,10 +441,20 @@ async def test_socks5_with_credentials(
     assert SECRET not in repr(client._engine.pool.proxies)
 
 
-async def test_a_silent_socks_proxy_ends_on_time(make_client: Any, proxy_server: Any) -> None:
-    proxy = proxy_server(socks=True, fault="silent")
-    client = make_client(NOWHERE, proxy=proxy.url, timeout=stallproof.Timeouts(total=0.6))
-    with stopwatch() as t, pytest.raises(stallproof.TotalTimeout):
+@pytest.mark.parametrize(
+    ("timeouts", "raised"),
+    [
+        (stallproof.Timeouts(read=0.6, total=10), stallproof.ReadTimeout),
+        (stallproof.Timeouts(total=0.6), stallproof.TotalTimeout),
+    ],
+    ids=["read", "total"],
+)
+async def test_a_silent_socks_proxy_ends_on_time(
+    make_client: Any, proxy_server: Any, timeouts: stallproof.Timeouts, raised: type[Exception]
+) -> None:
+    proxy = proxy_server(socks=True, fault="silent")  # greets, then never answers CONNECT
+    client = make_client(NOWHERE, proxy=proxy.url, timeout=timeouts)
+    with stopwatch() as t, pytest.raises(raised):
         await ask(client)
     assert 0.6 <= t[0] < 0.6 + MARGIN + 0.5
     assert_let_go(client, proxy)

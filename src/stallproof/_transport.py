@@ -255,7 +255,7 @@ class AsyncTransport(_EngineFace, httpx.AsyncBaseTransport):
             engine's settings here: ``timeout`` (a number is the total budget, or
             `Timeouts`), ``limits``, ``retry``, ``retry_budget``, ``breaker``, ``pacer``,
             ``provider_name``, ``record_content``, ``tracer_provider``,
-            ``meter_provider``, ``trust_env``.
+            ``meter_provider``, ``trust_env``, ``proxy`` (see `Client`).
 
     Example:
         >>> client = httpx.AsyncClient(transport=stallproof.AsyncTransport(timeout=30))
