@@ -77,6 +77,12 @@ async def test_a_socks_proxy_in_the_environment_does_not_break_construction(
 ) -> None:
     monkeypatch.setenv(variable, "socks5://127.0.0.1:1")
     monkeypatch.setenv("NO_PROXY", "")
+    # Building a client never fails; a call it routes through the proxy (nothing listens
+    # on port 1) is a typed ConnectError. NO_PROXY sends the rest of this test direct.
+    async with stallproof.Client(base_url="https://127.0.0.1:9/v1", retry=None) as client:
+        with pytest.raises(stallproof.ConnectError):
+            await client.chat.completions.create(model="m", messages=MSGS)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     answer = {
         "id": "x",
         "object": "chat.completion",
