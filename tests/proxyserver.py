@@ -13,6 +13,9 @@ Faults (``fault=``):
 - ``"silent"``: accept and read, never answer (not even to a CONNECT).
 - ``"status"``: answer every request head (CONNECT or forward) with ``status``.
 
+``tls=`` (a server-side `ssl.SSLContext`) makes it an https:// proxy: TLS to the proxy,
+and for a CONNECT, the client's TLS to the origin inside that.
+
 ``auth=(user, password)`` makes the proxy answer 407 to a request whose
 ``Proxy-Authorization`` (or SOCKS5 credentials) differ. ``seen`` records what it received:
 method, target and the ``Proxy-Authorization`` header, per request head.
@@ -25,6 +28,7 @@ import dataclasses
 import re
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -54,8 +58,10 @@ class ProxyServer:
         status: int = 502,
         auth: tuple[str, str] | None = None,
         socks: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.fault = fault
+        self.tls = tls
         self.status = status
         self.auth = auth
         self.socks = socks
@@ -74,12 +80,14 @@ class ProxyServer:
 
     @property
     def url(self) -> str:
-        scheme = "socks5" if self.socks else "http"
-        return f"{scheme}://127.0.0.1:{self.port}"
+        return f"{self._scheme}://127.0.0.1:{self.port}"
 
     def url_with(self, user: str, password: str) -> str:
-        scheme = "socks5" if self.socks else "http"
-        return f"{scheme}://{user}:{password}@127.0.0.1:{self.port}"
+        return f"{self._scheme}://{user}:{password}@127.0.0.1:{self.port}"
+
+    @property
+    def _scheme(self) -> str:
+        return "socks5" if self.socks else "https" if self.tls else "http"
 
     @property
     def active(self) -> int:
@@ -112,6 +120,8 @@ class ProxyServer:
         upstream: socket.socket | None = None
         try:
             conn.settimeout(10)
+            if self.tls is not None:  # an https:// proxy: TLS to the proxy itself
+                conn = self.tls.wrap_socket(conn, server_side=True)
             upstream = self._socks(conn) if self.socks else self._http(conn)
             if upstream is not None:
                 self._pipe(conn, upstream, forward=not self.socks and self._forward)
@@ -219,7 +229,7 @@ class ProxyServer:
         read of its own."""
         ends = {conn: upstream, upstream: conn}
         while not self._stop.is_set():
-            readable, _, _ = select.select(list(ends), [], [], 0.05)
+            readable = _ready(list(ends))
             for sock in readable:
                 data = sock.recv(65536)
                 if not data:
@@ -247,13 +257,13 @@ class ProxyServer:
     def _drain(self, conn: socket.socket) -> None:
         """Read and drop until the client closes (or the proxy stops): never answer."""
         while not self._stop.is_set():
-            readable, _, _ = select.select([conn], [], [], 0.05)
+            readable = _ready([conn])
             if readable and not conn.recv(65536):
                 return
 
     def _recv(self, conn: socket.socket) -> bytes:
         while not self._stop.is_set():
-            readable, _, _ = select.select([conn], [], [], 0.05)
+            readable = _ready([conn])
             if readable:
                 return conn.recv(65536)
         return b""
@@ -261,7 +271,7 @@ class ProxyServer:
     def _exact(self, conn: socket.socket, n: int) -> bytes:
         data = b""
         while len(data) < n and not self._stop.is_set():
-            readable, _, _ = select.select([conn], [], [], 0.05)
+            readable = _ready([conn])
             part = conn.recv(n - len(data)) if readable else b"-"
             if part == b"-":
                 continue
@@ -289,6 +299,15 @@ class ProxyServer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _ready(socks: list[socket.socket]) -> list[socket.socket]:
+    """The sockets with something to read within 50 ms (TLS data already decrypted too)."""
+    pending = [s for s in socks if isinstance(s, ssl.SSLSocket) and s.pending()]
+    if pending:
+        return pending
+    readable, _, _ = select.select(socks, [], [], 0.05)
+    return readable
 
 
 def _split(head: bytes) -> tuple[str, str, list[list[bytes]]]:

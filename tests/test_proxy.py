@@ -10,6 +10,7 @@ import logging
 import ssl
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpcore2
@@ -22,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import fault_server
 import stallproof
 import stallproof.openai
-from fault_server._tls import TLS_SUPPORTED
+from fault_server._tls import TLS_SUPPORTED, self_signed
 from stallproof._pool import Wire
 from stallproof._proxy import proxy_routes
 
@@ -284,6 +285,41 @@ async def test_connect_tunnels_tls_through_the_transport(
         port = tls_server.tls_url().split(":")[2].split("/")[0]
         assert [(s.method, s.target) for s in proxy.seen] == [("CONNECT", f"127.0.0.1:{port}")]
         assert wire.stats().nothing_held and wire.stats().connections == 1
+    finally:
+        await wire.aclose()
+    assert proxy.wait_idle() == 0
+
+
+@pytest.fixture(scope="module")
+def proxy_tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, Path]:
+    """A server context for an https:// proxy on 127.0.0.1, and its certificate."""
+    cert, key = self_signed("127.0.0.1", tmp_path_factory.mktemp("proxy-tls"))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context, cert
+
+
+async def test_an_https_proxy_carries_tls_inside_tls(
+    tls_server: Any, fault_server: Any, proxy_server: Any, proxy_tls: Any
+) -> None:
+    server_context, proxy_cert = proxy_tls
+    proxy = proxy_server(tls=server_context, auth=("agent", SECRET))
+    trusted = httpx.Proxy(
+        proxy.url_with("agent", SECRET), ssl_context=ssl.create_default_context(cafile=proxy_cert)
+    )
+    wire = Wire(
+        stallproof.Limits(),
+        ssl_context=ssl.create_default_context(cafile=tls_server.tls_cert),
+        proxies=proxy_routes(trusted, trust_env=False),
+    )
+    engine = stallproof.Engine(pool=wire, retry=None, timeout=stallproof.Timeouts(total=10))
+    try:
+        async with httpx.AsyncClient(transport=stallproof.AsyncTransport(engine)) as http:
+            tunnelled = await http.get(tls_server.tls_url() + "/models")  # CONNECT, TLS in TLS
+            forwarded = await http.get(fault_server.url() + "/models")  # forwarded over TLS
+        assert tunnelled.status_code == forwarded.status_code == 200
+        assert [s.method for s in proxy.seen] == ["CONNECT", "GET"]
+        assert wire.stats().nothing_held
     finally:
         await wire.aclose()
     assert proxy.wait_idle() == 0
