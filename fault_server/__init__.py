@@ -19,7 +19,14 @@ Example:
 
 from __future__ import annotations
 
-from ._faults import (
+from ._journal import ConnectionRecord, RequestRecord
+from ._mix import Mix
+from ._proxy_recording import RecordingError
+from ._runner import ServerThread, running
+from ._scenarios import Match, Rule
+from ._scope import FaultScope
+from ._server import FaultServer
+from ._spec import (
     FAULTS,
     GENERIC_PARAMS,
     FaultInfo,
@@ -28,13 +35,6 @@ from ._faults import (
     ParamInfo,
     parse_fault,
 )
-from ._journal import ConnectionRecord, RequestRecord
-from ._mix import Mix
-from ._recording import RecordingError
-from ._runner import ServerThread, running
-from ._scenarios import Match, Rule
-from ._scope import FaultScope
-from ._server import FaultServer
 from ._stats import KeyStats, ServerStats
 from ._verdict import RetryAfterCheck, Verdict
 

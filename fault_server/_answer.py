@@ -2,7 +2,7 @@
 
 A fault never builds the normal answer itself: it asks its exchange for it. Standing alone,
 the server makes it up at once from the request (`_openai`): `LocalFrames`. In proxy mode it
-comes from the upstream server as it arrives (`_upstream.UpstreamFrames`), so a fault that
+comes from the upstream server as it arrives (`_proxy.UpstreamFrames`), so a fault that
 stalls after three chunks sends three real chunks, each as soon as it came.
 
 Frames are complete SSE events, each ending with a blank line, in the order they came:

@@ -1,4 +1,4 @@
-"""Token buckets, the state behind the ``rate_limit`` fault (`_rate_limit`).
+"""Token buckets, the state behind the ``rate_limit`` fault (`_faults_status`).
 
 A bucket starts full with ``limit`` tokens and gains ``rate`` tokens a second, up to
 ``limit``; drawing takes one token if there is a whole one. Buckets are kept by

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from ._control import catalogue
 from ._log_sink import StderrSink
-from ._recording import RecordingError
+from ._proxy_recording import RecordingError
 from ._server import MAX_CONNECTIONS, FaultServer
 
 __all__ = ["MODES", "TOKEN_ENV", "main"]

@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
-from ._faults import FAULTS, GENERIC_PARAMS, FaultSpecError, ParamInfo
 from ._json_depth import loads as loads_limited
 from ._mix import Mix
 from ._openai import Whole, error
 from ._scenarios import Rule
+from ._spec import FAULTS, GENERIC_PARAMS, FaultSpecError, ParamInfo
 from ._state import ServerState
 from ._verdict import judge
 

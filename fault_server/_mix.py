@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._bounded import touch
-from ._faults import FaultSpec, FaultSpecError
 from ._scenarios import spec_of
+from ._spec import FaultSpec, FaultSpecError
 
 __all__ = ["Mix", "MixState"]
 

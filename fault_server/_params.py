@@ -19,8 +19,11 @@ __all__ = [
     "FaultSpecError",
     "ParamInfo",
     "ParamValue",
+    "MIB",
+    "after",
     "choice",
     "flag",
+    "interval",
     "number",
     "integer",
     "text",
@@ -175,6 +178,21 @@ def text(name: str, help: str) -> ParamInfo:
 def flag(name: str, default: bool | None, help: str) -> ParamInfo:
     """A true/false parameter."""
     return ParamInfo(name, "bool", default, help)
+
+
+MIB = 1024 * 1024
+
+
+def after(default: int) -> ParamInfo:
+    """``after``: how many content chunks a fault sends before it breaks the stream."""
+    return integer(
+        "after", default, "Content chunks sent first (after the role chunk) when streaming."
+    )
+
+
+def interval(default: float) -> ParamInfo:
+    """``interval``: the seconds between a fault's sends."""
+    return number("interval", default, "Seconds between sends.")
 
 
 GENERIC_PARAMS: Mapping[str, ParamInfo] = MappingProxyType(

@@ -14,12 +14,12 @@ import threading
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 
-from ._faults import FaultSpec, ParamValue
 from ._journal import ConnectionRecord
 from ._mix import Mix
 from ._scenarios import Rule
 from ._scope import FaultScope
 from ._server import MAX_CONNECTIONS, FaultServer
+from ._spec import FaultSpec, ParamValue
 from ._stats import KeyStats, ServerStats
 from ._verdict import Verdict
 

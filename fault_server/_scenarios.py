@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._bounded import MAX_RULES
-from ._faults import FaultSpec, FaultSpecError, ParamValue, parse_fault
+from ._spec import FaultSpec, FaultSpecError, ParamValue, parse_fault
 
 __all__ = [
     "Match",

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from ._faults import FaultSpec, FaultSpecError, ParamValue
 from ._journal import ConnectionRecord
 from ._mix import Mix
 from ._scenarios import Rule, build_spec
+from ._spec import FaultSpec, FaultSpecError, ParamValue
 from ._stats import KeyStats
 from ._verdict import Verdict
 

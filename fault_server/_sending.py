@@ -1,7 +1,7 @@
 """What most faults are made of: send the healthy answer, or the first part of it.
 
-Shared by the behaviour modules (`_behaviours`, `_wire_faults`, `_sse_faults`,
-`_timing_faults`).
+Shared by the fault group modules (`_faults_socket`, `_faults_http`, `_faults_sse`,
+`_faults_status`, `_faults_time`).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ._answer import Frames
-from ._exchange import Exchange, Outcome
 from ._formats import api_error
 from ._openai import EventStream, Whole
+from ._wire_exchange import Exchange, Outcome
 
 __all__ = [
     "Behaviour",

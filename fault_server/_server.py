@@ -12,23 +12,23 @@ from types import TracebackType
 
 import anyio
 
-from ._accept import Acceptor
-from ._blackhole import Blackhole
-from ._connection import Connection
 from ._control_guard import ControlGuard
-from ._faults import FaultSpec, ParamValue
 from ._journal import ConnectionRecord
 from ._mix import Mix
-from ._refused import RefusedPort
-from ._replay import Replay
+from ._proxy import Upstream
+from ._proxy_replay import Replay
 from ._scenarios import Match, Rule, build_spec
 from ._scope import FaultScope
 from ._shutdown import collector_paused
+from ._spec import FaultSpec, ParamValue
 from ._state import ServerState
 from ._stats import KeyStats, ServerStats
-from ._tls import TLS_SUPPORTED, TlsListener
-from ._upstream import Upstream
 from ._verdict import Verdict, judge
+from ._wire_accept import Acceptor
+from ._wire_blackhole import Blackhole
+from ._wire_connection import Connection
+from ._wire_refused import RefusedPort
+from ._wire_tls import TLS_SUPPORTED, TlsListener
 
 __all__ = ["FaultServer"]
 

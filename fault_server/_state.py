@@ -8,9 +8,9 @@ from ._buckets import Buckets
 from ._control_guard import ControlGuard
 from ._journal import Journal
 from ._mix import MixState
+from ._proxy import Upstream
 from ._scenarios import Scenarios
 from ._stats import Counters
-from ._upstream import Upstream
 
 __all__ = ["ServerState"]
 

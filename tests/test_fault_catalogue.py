@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from fault_server import FaultServer, ServerThread
-from fault_server._tools import TRICKY_ARGUMENTS
+from fault_server._tool_calls import TRICKY_ARGUMENTS
 
 from .test_fault_server import (
     CHAT,

@@ -27,7 +27,7 @@ import pytest
 
 import fault_server
 from fault_server import FAULTS, FaultServer, RecordingError, ServerThread
-from fault_server._tls import TLS_SUPPORTED, _with_openssl
+from fault_server._wire_tls import TLS_SUPPORTED, _with_openssl
 
 from .test_fault_server import (
     CHAT,

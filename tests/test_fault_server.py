@@ -42,7 +42,7 @@ from fault_server import (
     ServerThread,
     parse_fault,
 )
-from fault_server._behaviours import BEHAVIOURS
+from fault_server._catalogue import BEHAVIOURS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello brave new world"}]}

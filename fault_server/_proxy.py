@@ -25,10 +25,10 @@ from urllib.parse import urlsplit
 import httpx
 
 from ._answer import Frames, UpstreamBroken, frame_json
-from ._exchange import Source
 from ._json_depth import loads as loads_limited
 from ._openai import Api, ChatRequest, Whole, chat_chunk, error
-from ._recording import Recorder, request_key
+from ._proxy_recording import Recorder, request_key
+from ._wire_exchange import Source
 
 __all__ = ["Upstream", "UpstreamFrames", "UpstreamSource", "check_upstream_url"]
 

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import anyio
 
-from ._accept import Acceptor
+from ._catalogue import CONNECTION_BEHAVIOURS
 from ._scenarios import Scenarios
+from ._wire_accept import Acceptor
 
 __all__ = ["TLS_SUPPORTED", "TlsListener", "self_signed"]
 
@@ -37,7 +38,6 @@ logger = logging.getLogger("fault_server")
 TLS_SUPPORTED = hasattr(asyncio.StreamWriter, "start_tls")  # Python 3.11+.
 _STALL = frozenset({"tls_stall"})
 _OPENSSL_TIMEOUT = 20.0  # bounds the openssl command, when cryptography is missing.
-_READ_SIZE = 65536
 _SHUTDOWN = 0.5  # bounds how long close() waits for cancelled handshakes.
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -198,13 +198,8 @@ class TlsListener:
         """True once the handshake is done; False after a stall, a timeout or a TLS error."""
         rule = self._scenarios.take_connection(_STALL)
         if rule is not None:
-            hold = self._max_hold
-            if rule.spec.get("hold") is not None:
-                hold = min(hold, rule.spec.number("hold"))
-            with anyio.move_on_after(hold), contextlib.suppress(ConnectionError, OSError):
-                while await reader.read(_READ_SIZE):  # the ClientHello, never answered.
-                    pass
-            return False
+            stall = CONNECTION_BEHAVIOURS[rule.spec.name]
+            return await stall(reader, writer, rule.spec, self._max_hold)
         try:
             with anyio.fail_after(self._max_hold):
                 await writer.start_tls(context)  # type: ignore[attr-defined]  # 3.11+

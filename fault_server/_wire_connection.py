@@ -25,24 +25,23 @@ import anyio
 import h11
 
 from ._answer import LocalSource, UpstreamBroken
-from ._behaviours import BEHAVIOURS
 from ._bounded import SeenKeys
+from ._catalogue import BEHAVIOURS, CONNECTION_BEHAVIOURS
 from ._control import PREFIX, control
-from ._exchange import (
+from ._formats import lenient_request, parse_request, route
+from ._journal import ConnLog, RequestLog
+from ._openai import ChatRequest, RequestError, Whole, error
+from ._scenarios import RequestInfo
+from ._spec import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
+from ._state import ServerState
+from ._wire_exchange import (
     Exchange,
     Outcome,
     PeerGone,
     PeerWatcher,
     Source,
-    linger_zero,
     whole_bytes,
 )
-from ._faults import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
-from ._formats import lenient_request, parse_request, route
-from ._journal import ConnLog, RequestLog
-from ._openai import ChatRequest, RequestError, Whole, error
-from ._scenarios import RequestInfo
-from ._state import ServerState
 
 __all__ = ["MAX_BODY", "Connection"]
 
@@ -111,15 +110,15 @@ class Connection:
                 self._writer.transport.abort()
 
     async def _accept_slowly(self) -> None:
-        """Apply an armed ``slow_accept``: read nothing for its ``pause`` (within max_hold)."""
+        """Apply an armed connection-level fault (``slow_accept``, ``refuse``) before any
+        request is read; `_Closed` when it refuses the connection."""
         rule = self._state.scenarios.take_connection()
         if rule is None:
             return
         self._log.fault = str(rule.spec)
-        if rule.spec.name == "refuse":
-            linger_zero(self._writer)  # the abort in serve() then sends an RST.
-            raise _Closed("server", "refused")
-        await asyncio.sleep(min(rule.spec.number("pause"), self._max_hold))
+        behaviour = CONNECTION_BEHAVIOURS[rule.spec.name]
+        if not await behaviour(self._reader, self._writer, rule.spec, self._max_hold):
+            raise _Closed("server", "refused")  # serve() then aborts: an RST.
 
     async def _serve(self) -> bool:
         """Serve requests; True when the connection may be closed gracefully."""

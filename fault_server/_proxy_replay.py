@@ -1,4 +1,4 @@
-"""Replay mode: answers from a file recorded in proxy mode (see `_recording`), no upstream.
+"""Replay mode: answers from a file recorded in proxy mode (see `_proxy_recording`), no upstream.
 
 `Replay` stands where the proxy's `Upstream` stands, so the connection treats both alike:
 ``/v1/...`` paths are served, each request gets its recorded answer through the fault it
@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ._answer import Frames
-from ._exchange import Source
 from ._openai import ChatRequest, Whole
-from ._recording import Recording, request_key
-from ._upstream import Upstream
+from ._proxy import Upstream
+from ._proxy_recording import Recording, request_key
+from ._wire_exchange import Source
 
 __all__ = ["Replay", "ReplaySource"]
 

@@ -9,12 +9,23 @@ from __future__ import annotations
 import random
 
 from ._answer import Frames
-from ._exchange import Exchange, Outcome
-from ._sending import Behaviour, send_frames
+from ._params import integer, number
+from ._registry import FaultGroup
+from ._sending import send_frames
+from ._wire_exchange import Exchange, Outcome
 
-__all__ = ["TIMING_FAULTS"]
+__all__ = ["TIME"]
 
 
+TIME = FaultGroup("time")
+
+
+@TIME.fault(
+    "slow_first_token",
+    "Stream: the head and the role chunk at once, then `wait` seconds before the first "
+    "content chunk. Non-stream: the head (Content-Length) at once, the body after `wait`.",
+    (number("wait", 1.0, "Seconds between the head and the first content."),),
+)
 async def slow_first_token(ex: Exchange) -> Outcome:
     wait = ex.spec.number("wait")
     answer = await ex.answer()
@@ -36,6 +47,17 @@ async def slow_first_token(ex: Exchange) -> Outcome:
     return Outcome.KEEP
 
 
+@TIME.fault(
+    "token_rate",
+    "Stream: a content chunk every 1/`tps` seconds, each interval varied by up to "
+    "±`jitter` of itself from a generator seeded with `seed`. Non-stream: the whole "
+    "answer after the sum of those intervals.",
+    (
+        number("tps", 10.0, "Content tokens per second.", 0.01),
+        number("jitter", 0.0, "Fraction of the interval to vary it by, 0 to 1.", 0, 1),
+        integer("seed", 0, "Seed of the jitter: the same seed gives the same pauses."),
+    ),
+)
 async def token_rate(ex: Exchange) -> Outcome:
     spec = ex.spec
     base = 1.0 / spec.number("tps")
@@ -54,9 +76,3 @@ async def token_rate(ex: Exchange) -> Outcome:
     tokens = spec.integer("tokens") if ex.chat is not None else 0
     await ex.sleep(sum(pause() for _ in range(tokens)))
     return await ex.send_whole(answer)
-
-
-TIMING_FAULTS: dict[str, Behaviour] = {
-    "slow_first_token": slow_first_token,
-    "token_rate": token_rate,
-}

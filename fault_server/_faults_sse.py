@@ -13,25 +13,51 @@ import json
 from typing import Any
 
 from ._answer import Frames, frame_json, is_done
-from ._exchange import Exchange, Outcome
-from ._formats import api_error
+from ._formats import api_error, keepalive
 from ._formats import error_event as api_error_event
 from ._json_depth import loads as loads_limited
 from ._openai import DONE, Whole
-from ._sending import Behaviour, chat_only, healthy, send_frames, send_opening
-from ._tools import (
+from ._params import MIB, ParamInfo, after, choice, flag, integer, interval
+from ._registry import FaultGroup
+from ._sending import chat_only, healthy, send_frames, send_opening, send_part
+from ._tool_calls import (
     TRICKY_ARGUMENTS,
     TRICKY_PIECES,
     inside_utf8,
     tool_completion,
     tool_frames,
 )
+from ._wire_exchange import Exchange, Outcome
 
-__all__ = ["SSE_FAULTS"]
+__all__ = ["SSE"]
 
 _TOOL = "lookup"  # the function called when the request offers no tools.
 
 
+SSE = FaultGroup("sse")
+
+
+@SSE.fault(
+    "sse_keepalive",
+    "Stream: 200 text/event-stream, then ': keep-alive' comments every `interval` with "
+    "no data, until `hold`. Non-stream: 200 chunked application/json, then a newline "
+    "every `interval`, until `hold`.",
+    (interval(0.5),),
+)
+async def sse_keepalive(ex: Exchange) -> Outcome:
+    ping = keepalive(ex.api) if ex.stream else b"\n"
+    await ex.send_head()
+    while True:
+        await ex.sleep(ex.spec.number("interval"))
+        await ex.send_data(ping)
+
+
+@SSE.fault(
+    "sse_pings",
+    'Always an SSE stream: the role chunk, then an `event: <event>` with data {"type": '
+    '"<event>"} every `interval`, never content, until `hold`.',
+    (interval(0.5), ParamInfo("event", "str", "ping", "The event name.")),
+)
 async def sse_pings(ex: Exchange) -> Outcome:
     name = ex.spec.text("event") or "ping"
     ping = f'event: {name}\ndata: {{"type": {json.dumps(name)}}}\n\n'.encode()
@@ -41,6 +67,59 @@ async def sse_pings(ex: Exchange) -> Outcome:
         await ex.send_data(ping)
 
 
+@SSE.fault(
+    "sse_empty_deltas",
+    "Always an SSE stream (whatever `stream` says): a role chunk, then valid chunks "
+    "whose delta is {} or has content '' every `interval`, never any content, until "
+    "`hold`.",
+    (interval(0.5),),
+)
+async def sse_empty_deltas(ex: Exchange) -> Outcome:
+    stream = await send_opening(ex)
+    empty = (stream.chunk({}), stream.chunk({"content": ""}))
+    beat = 0
+    while True:
+        await ex.sleep(ex.spec.number("interval"))
+        await ex.send_data(empty[beat % 2])
+        beat += 1
+
+
+@SSE.fault(
+    "sse_stall",
+    "Stream: the role chunk and `after` content chunks, then silence with the socket "
+    "open until `hold`. Non-stream: headers with Content-Length and half the body, then "
+    "silence until `hold`.",
+    (after(2),),
+)
+async def sse_stall(ex: Exchange) -> Outcome:
+    await send_part(ex)
+    await ex.stall()
+
+
+@SSE.fault(
+    "no_done",
+    "Stream: every chunk, the chunked terminator and a clean close, but no 'data: "
+    "[DONE]'. Non-stream: a normal response.",
+)
+async def no_done(ex: Exchange) -> Outcome:
+    answer = await ex.answer()
+    if not isinstance(answer, Frames):
+        return await healthy(ex)
+    await ex.send_head(
+        answer.status,
+        content_type=answer.content_type,
+        headers=(*answer.headers, ("connection", "close")),
+    )
+    await send_frames(ex, answer, transform=lambda f: b"" if answer.is_end(f) else f)
+    await ex.send_end()
+    return Outcome.CLOSE
+
+
+@SSE.fault(
+    "done_then_hold",
+    "Stream: every event up to and with [DONE], then the body is never terminated and "
+    "the socket stays open until `hold`. Non-stream: the JSON, chunked, never terminated.",
+)
 async def done_then_hold(ex: Exchange) -> Outcome:
     answer = await ex.answer()
     await ex.send_head(answer.status, content_type=answer.content_type, headers=answer.headers)
@@ -51,6 +130,11 @@ async def done_then_hold(ex: Exchange) -> Outcome:
     await ex.stall()
 
 
+@SSE.fault(
+    "data_after_done",
+    "Stream: the whole stream with [DONE], then more content chunks ('after-done') and "
+    "another [DONE], well framed. Non-stream: a normal response.",
+)
 async def data_after_done(ex: Exchange) -> Outcome:
     answer = await ex.answer()
     if not isinstance(answer, Frames):
@@ -71,6 +155,31 @@ async def data_after_done(ex: Exchange) -> Outcome:
     return Outcome.KEEP
 
 
+@SSE.fault(
+    "malformed_json",
+    '200, but non-stream the body is the truncated JSON \'{"id": "x", "choices": [\' and '
+    "stream one valid chunk is followed by 'data: {not json', then [DONE].",
+)
+async def malformed_json(ex: Exchange) -> Outcome:
+    answer = await ex.answer()
+    if not isinstance(answer, Frames):
+        return await ex.send_whole(Whole(200, b'{"id": "x", "choices": ['))
+    await ex.send_answer_head(answer)
+    await send_frames(ex, answer, answer.prologue)
+    await ex.send_data(b"data: {not json\n\n")
+    if answer.api == "chat":
+        await ex.send_data(DONE)
+    await ex.send_end()
+    return Outcome.KEEP
+
+
+@SSE.fault(
+    "error_event",
+    "Stream: 200, the role chunk and `after` content chunks, then an OpenAI error object "
+    "as a data event (as an 'event: error' with event=true), then the end of the body, "
+    "no [DONE]. Non-stream: 200 with an error object as the body.",
+    (after(1), flag("event", False, "Send it as an 'event: error' event.")),
+)
 async def error_event(ex: Exchange) -> Outcome:
     message = "fault_server: injected error event mid-stream"
     failure = api_error(ex.api, 500, message).body
@@ -88,11 +197,22 @@ async def error_event(ex: Exchange) -> Outcome:
     return Outcome.KEEP
 
 
+@SSE.fault(
+    "sse_crlf",
+    "Stream: the healthy stream with every line ended by CRLF (eol=crlf) or a lone CR "
+    "(eol=cr), both valid SSE. Non-stream: a normal response.",
+    (choice("eol", "crlf", "The line ending.", "crlf", "cr"),),
+)
 async def sse_crlf(ex: Exchange) -> Outcome:
     eol = b"\r\n" if ex.spec.text("eol") == "crlf" else b"\r"
     return await _rewritten(ex, lambda frame: frame.replace(b"\n", eol))
 
 
+@SSE.fault(
+    "sse_multiline",
+    "Stream: the healthy stream with each JSON spread over several `data:` lines (to be "
+    "joined with newlines), plus `id:`, `retry:` and comment lines. Non-stream: normal.",
+)
 async def sse_multiline(ex: Exchange) -> Outcome:
     count = 0
 
@@ -109,6 +229,12 @@ async def sse_multiline(ex: Exchange) -> Outcome:
     return await _rewritten(ex, spread)
 
 
+@SSE.fault(
+    "sse_long_line",
+    "Stream: the role chunk, then one valid content chunk whose line is `size` bytes, "
+    "then the rest of the stream. Non-stream: a normal response.",
+    (integer("size", MIB, "Bytes of the long data line.", 1024, 16 * MIB),),
+)
 async def sse_long_line(ex: Exchange) -> Outcome:
     answer = await ex.answer()
     if not isinstance(answer, Frames):
@@ -123,6 +249,12 @@ async def sse_long_line(ex: Exchange) -> Outcome:
     return Outcome.KEEP
 
 
+@SSE.fault(
+    "endless_line",
+    "Always an SSE stream: the role chunk, then one `data:` line whose JSON string grows "
+    "a word every `interval` and never ends: bytes arrive, no event completes.",
+    (interval(0.05),),
+)
 async def endless_line(ex: Exchange) -> Outcome:
     stream = await send_opening(ex)
     opening = stream.chunk({"content": "echo:"})
@@ -132,6 +264,13 @@ async def endless_line(ex: Exchange) -> Outcome:
         await ex.send_data(b" lorem")
 
 
+@SSE.fault(
+    "bad_usage",
+    "The usage report broken. mode=missing: no usage chunk although include_usage asked "
+    "for one (non-stream: no usage key); null: usage is null; early: the usage chunk "
+    "comes before the content (non-stream: normal).",
+    (choice("mode", "missing", "How usage is broken.", "missing", "null", "early"),),
+)
 async def bad_usage(ex: Exchange) -> Outcome:
     if (refused := await chat_only(ex)) is not None:
         return refused
@@ -161,6 +300,13 @@ async def bad_usage(ex: Exchange) -> Outcome:
     return Outcome.KEEP
 
 
+@SSE.fault(
+    "tool_split",
+    "A tool call whose arguments hold non-ASCII text and escapes: stream, the argument "
+    "deltas split inside JSON escapes (after a backslash, inside \\uXXXX) and each frame "
+    "sent in two chunks split inside a UTF-8 character; non-stream, the body sent in two "
+    "writes split inside a UTF-8 character. The arguments join to valid JSON.",
+)
 async def tool_split(ex: Exchange) -> Outcome:
     if (refused := await chat_only(ex)) is not None:
         return refused
@@ -186,6 +332,11 @@ async def tool_split(ex: Exchange) -> Outcome:
     return Outcome.KEEP
 
 
+@SSE.fault(
+    "index_gap",
+    "Stream: two tool calls with indices 0 and 2 (none at 1), each in pieces, then "
+    "finish_reason tool_calls. Non-stream: the same two tool calls.",
+)
 async def index_gap(ex: Exchange) -> Outcome:
     if (refused := await chat_only(ex)) is not None:
         return refused
@@ -198,6 +349,11 @@ async def index_gap(ex: Exchange) -> Outcome:
     return await _send_frames_whole(ex, tool_frames(ex.model, calls))
 
 
+@SSE.fault(
+    "tool_args_unclosed",
+    'A tool call whose arguments JSON never closes (\'{"text": "...\'), with finish_reason '
+    "tool_calls and, stream, [DONE]: well framed, unparsable arguments.",
+)
 async def tool_args_unclosed(ex: Exchange) -> Outcome:
     if (refused := await chat_only(ex)) is not None:
         return refused
@@ -208,6 +364,11 @@ async def tool_args_unclosed(ex: Exchange) -> Outcome:
     return await _send_frames_whole(ex, tool_frames(ex.model, [(0, _tool(ex), _halves(arguments))]))
 
 
+@SSE.fault(
+    "json_for_stream",
+    "Stream: 200 application/json with a whole chat.completion (Content-Length) instead "
+    "of an event stream. Non-stream: a normal response.",
+)
 async def json_for_stream(ex: Exchange) -> Outcome:
     if not ex.stream:
         return await healthy(ex)
@@ -268,20 +429,3 @@ def _json(body: bytes) -> Any:
 
 def _dumps(data: object) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
-
-
-SSE_FAULTS: dict[str, Behaviour] = {
-    "sse_pings": sse_pings,
-    "done_then_hold": done_then_hold,
-    "data_after_done": data_after_done,
-    "error_event": error_event,
-    "sse_crlf": sse_crlf,
-    "sse_multiline": sse_multiline,
-    "sse_long_line": sse_long_line,
-    "endless_line": endless_line,
-    "bad_usage": bad_usage,
-    "tool_split": tool_split,
-    "index_gap": index_gap,
-    "tool_args_unclosed": tool_args_unclosed,
-    "json_for_stream": json_for_stream,
-}
