@@ -11,17 +11,12 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from types import TracebackType
 
-from ._journal import ConnectionRecord
-from ._mix import Mix
-from ._scenarios import Rule
-from ._scope import FaultScope
+from ._controls import ServerControls
 from ._server import MAX_CONNECTIONS, FaultServer
-from ._spec import FaultSpec, ParamValue
-from ._stats import KeyStats, ServerStats
-from ._verdict import Verdict
+from ._spec import ParamValue
 
 __all__ = ["ServerThread", "running"]
 
@@ -29,7 +24,7 @@ _START_TIMEOUT = 10.0  # bounds start(): binding and filling the blackhole take 
 _STOP_TIMEOUT = 5.0  # bounds stop(); aclose() itself takes under a second.
 
 
-class ServerThread:
+class ServerThread(ServerControls):
     """A handle on a `FaultServer` that runs in a daemon thread; same URLs and stats.
 
     Args:
@@ -65,6 +60,7 @@ class ServerThread:
             max_connections=max_connections,
             control_token=control_token,
         )
+        self._state = self._server._state  # the same thread-safe state: the same controls.
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,22 +128,12 @@ class ServerThread:
         finally:
             await self._server.aclose()
 
-    # -- the same surface as FaultServer; pure or lock-guarded, so thread-safe -----------
+    # -- the listener's URLs are the FaultServer's; the rest is `ServerControls` ----------
 
     @property
     def server(self) -> FaultServer:
         """The `FaultServer` itself; only its URL and stats methods are safe off its loop."""
         return self._server
-
-    @property
-    def max_hold(self) -> float:
-        """The cap on every fault's ``hold``, in seconds."""
-        return self._server.max_hold
-
-    @property
-    def upstream(self) -> str | None:
-        """The real server's base URL in proxy mode, else None."""
-        return self._server.upstream
 
     @property
     def port(self) -> int:
@@ -177,108 +163,6 @@ class ServerThread:
     def tls_url(self, fault: str | None = None, /, **params: ParamValue) -> str:
         """As `FaultServer.tls_url`."""
         return self._server.tls_url(fault, **params)
-
-    def url(self, fault: str | None = None, /, **params: ParamValue) -> str:
-        """As `FaultServer.url`."""
-        return self._server.url(fault, **params)
-
-    def stats(self) -> ServerStats:
-        """As `FaultServer.stats`."""
-        return self._server.stats()
-
-    def key_stats(self, key: str) -> KeyStats:
-        """As `FaultServer.key_stats`."""
-        return self._server.key_stats(key)
-
-    def reset_stats(self) -> None:
-        """As `FaultServer.reset_stats`."""
-        self._server.reset_stats()
-
-    def reset(self) -> None:
-        """As `FaultServer.reset`."""
-        self._server.reset()
-
-    def scenario(
-        self,
-        fault: str | FaultSpec = "healthy",
-        /,
-        *,
-        times: int | None = None,
-        key: str | None = None,
-        path: str | None = None,
-        method: str | None = None,
-        stream: bool | None = None,
-        model: str | None = None,
-        rule_id: str | None = None,
-        **params: ParamValue,
-    ) -> Rule:
-        """As `FaultServer.scenario`."""
-        return self._server.scenario(
-            fault,
-            times=times,
-            key=key,
-            path=path,
-            method=method,
-            stream=stream,
-            model=model,
-            rule_id=rule_id,
-            **params,
-        )
-
-    def scenarios(self, key: str | None = None) -> tuple[Rule, ...]:
-        """As `FaultServer.scenarios`."""
-        return self._server.scenarios(key)
-
-    def clear_scenarios(self, key: str | None = None) -> int:
-        """As `FaultServer.clear_scenarios`."""
-        return self._server.clear_scenarios(key)
-
-    def set_mix(
-        self,
-        weights: Mapping[str, float] | Mapping[FaultSpec, float],
-        *,
-        seed: int = 0,
-        key: str | None = None,
-    ) -> Mix:
-        """As `FaultServer.set_mix`."""
-        return self._server.set_mix(weights, seed=seed, key=key)
-
-    def clear_mix(self) -> None:
-        """As `FaultServer.clear_mix`."""
-        self._server.clear_mix()
-
-    @property
-    def mix(self) -> Mix | None:
-        """As `FaultServer.mix`."""
-        return self._server.mix
-
-    def journal(
-        self,
-        key: str | None = None,
-        *,
-        request_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> tuple[ConnectionRecord, ...]:
-        """As `FaultServer.journal`."""
-        return self._server.journal(key, request_id=request_id, idempotency_key=idempotency_key)
-
-    def verdict(
-        self,
-        key: str | None = None,
-        *,
-        request_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Verdict:
-        """As `FaultServer.verdict`."""
-        return self._server.verdict(key, request_id=request_id, idempotency_key=idempotency_key)
-
-    def forget(self, key: str) -> dict[str, int]:
-        """As `FaultServer.forget`."""
-        return self._server.forget(key)
-
-    def scope(self, key: str) -> FaultScope:
-        """As `FaultServer.scope`."""
-        return FaultScope(self, key)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ forgets it afterwards.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from ._journal import ConnectionRecord
 from ._mix import Mix
@@ -19,63 +19,10 @@ from ._spec import FaultSpec, FaultSpecError, ParamValue
 from ._stats import KeyStats
 from ._verdict import Verdict
 
+if TYPE_CHECKING:  # the controls make scopes.
+    from ._controls import ServerControls
+
 __all__ = ["FaultScope"]
-
-
-class _Server(Protocol):
-    def url(self, fault: str | None = None, /, **params: ParamValue) -> str: ...
-
-    def scenario(
-        self,
-        fault: str | FaultSpec = "healthy",
-        /,
-        *,
-        times: int | None = None,
-        key: str | None = None,
-        path: str | None = None,
-        method: str | None = None,
-        stream: bool | None = None,
-        model: str | None = None,
-        rule_id: str | None = None,
-        **params: ParamValue,
-    ) -> Rule: ...
-
-    def scenarios(self, key: str | None = None) -> tuple[Rule, ...]: ...
-
-    def clear_scenarios(self, key: str | None = None) -> int: ...
-
-    def set_mix(
-        self,
-        weights: Mapping[str, float] | Mapping[FaultSpec, float],
-        *,
-        seed: int = 0,
-        key: str | None = None,
-    ) -> Mix: ...
-
-    def clear_mix(self) -> None: ...
-
-    @property
-    def mix(self) -> Mix | None: ...
-
-    def key_stats(self, key: str) -> KeyStats: ...
-
-    def journal(
-        self,
-        key: str | None = None,
-        *,
-        request_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> tuple[ConnectionRecord, ...]: ...
-
-    def verdict(
-        self,
-        key: str | None = None,
-        *,
-        request_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Verdict: ...
-
-    def forget(self, key: str) -> dict[str, int]: ...
 
 
 class FaultScope:
@@ -93,7 +40,7 @@ class FaultScope:
         3
     """
 
-    def __init__(self, server: _Server, key: str) -> None:
+    def __init__(self, server: ServerControls, key: str) -> None:
         FaultSpec("healthy", {"key": key})  # validates the key.
         self.server = server
         self.key = key
