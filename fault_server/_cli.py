@@ -22,7 +22,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
-from ._control import catalogue
+from ._control_api import catalogue
 from ._log_sink import StderrSink
 from ._proxy_recording import RecordingError
 from ._server import MAX_CONNECTIONS, FaultServer

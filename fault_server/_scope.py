@@ -20,7 +20,7 @@ from ._stats import KeyStats
 from ._verdict import Verdict
 
 if TYPE_CHECKING:  # the controls make scopes.
-    from ._controls import ServerControls
+    from ._control_surface import ServerControls
 
 __all__ = ["FaultScope"]
 

@@ -12,7 +12,7 @@ from types import TracebackType
 import anyio
 
 from ._control_guard import ControlGuard
-from ._controls import ServerControls
+from ._control_surface import ServerControls
 from ._proxy import Upstream
 from ._proxy_replay import Replay
 from ._shutdown import collector_paused

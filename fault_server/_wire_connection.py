@@ -27,7 +27,7 @@ import h11
 from ._answer import LocalSource, UpstreamBroken
 from ._bounded import SeenKeys
 from ._catalogue import BEHAVIOURS, CONNECTION_BEHAVIOURS
-from ._control import PREFIX, control
+from ._control_api import PREFIX, control
 from ._formats import lenient_request, parse_request, route
 from ._journal import ConnLog, RequestLog
 from ._openai import ChatRequest, RequestError, Whole, error

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ._runner import ServerThread, running
 from ._scope import FaultScope
+from ._server_thread import ServerThread, running
 
 __all__ = ["fault_key", "fault_scope", "fault_server"]
 

@@ -416,7 +416,7 @@ async def test_the_scope_fixture_in_an_async_test(fault_scope: FaultScope) -> No
 
 def test_docs_list_every_control_route() -> None:
     """docs/fault_control.md has a row for each method of each /_fault/ route."""
-    from fault_server._control import _ROUTES
+    from fault_server._control_api import _ROUTES
 
     text = (ROOT / "docs" / "fault_control.md").read_text(encoding="utf-8")
     section = text.split("\n## The control API\n", 1)[1]

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from types import TracebackType
 
-from ._controls import ServerControls
+from ._control_surface import ServerControls
 from ._server import MAX_CONNECTIONS, FaultServer
 from ._spec import ParamValue
 
