@@ -58,8 +58,7 @@ from ._retry import DEFAULT_RETRY_STATUSES, Retry, RetryBudget
 from ._shared import RedisState
 from ._stream import AsyncStream
 from ._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
-
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 __all__ = [
     "APIStatusError",

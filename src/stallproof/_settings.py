@@ -20,12 +20,13 @@ from ._engine import CallOptions, Outgoing
 from ._redact import safe_url
 from ._request import encode_json, is_omitted
 from ._retry import Retry
+from ._version import __version__
 
 __all__ = ["DEFAULT_BASE_URL", "Settings", "encode_headers"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _NO_RETRY = Retry(attempts=1)
-_USER_AGENT = "stallproof/0.1"
+_USER_AGENT = f"stallproof/{__version__}"
 # What with_options() may change: the rest (limits, pool, pacer...) belongs to the engine.
 _CHANGEABLE = frozenset(
     {

@@ -36,6 +36,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import _exceptions as exc
+from ._version import __version__
 
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
@@ -48,7 +49,6 @@ __all__ = ["CallTelemetry", "Telemetry", "infer_provider", "logger"]
 
 logger = logging.getLogger("stallproof")
 
-_VERSION = "0.1.0"
 _REQUEST_PARAMS = {
     "max_tokens": "gen_ai.request.max_tokens",
     "max_completion_tokens": "gen_ai.request.max_tokens",
@@ -153,8 +153,8 @@ class Telemetry:
     ) -> None:
         self.provider_name = provider_name
         self.record_content = record_content
-        self.tracer = trace.get_tracer("stallproof", _VERSION, tracer_provider=tracer_provider)
-        meter = metrics.get_meter("stallproof", _VERSION, meter_provider=meter_provider)
+        self.tracer = trace.get_tracer("stallproof", __version__, tracer_provider=tracer_provider)
+        meter = metrics.get_meter("stallproof", __version__, meter_provider=meter_provider)
         self.duration = meter.create_histogram(
             "gen_ai.client.operation.duration",
             unit="s",
