@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import threading
 from collections.abc import Callable
 
 import anyio
@@ -108,7 +107,11 @@ class CircuitState:
 
 
 class Circuit:
-    """One upstream's breaker: pybreaker's state machine plus async-correct admission."""
+    """One upstream's breaker: pybreaker's state machine plus async-correct admission.
+
+    It belongs to its client's event loop: admission and outcomes change state without
+    awaiting, so they need no lock (see "One event loop per client" in docs/concurrency.md).
+    """
 
     def __init__(
         self,
@@ -126,7 +129,6 @@ class Circuit:
         self._open_until = 0.0
         self._open_for: float | None = None  # a Retry-After to use for the next opening
         self._probing = False
-        self._lock = threading.Lock()
         self._cb = pybreaker.CircuitBreaker(
             fail_max=policy.fail_max,
             reset_timeout=policy.reset_timeout,
@@ -210,21 +212,20 @@ class Circuit:
             self._on_change(self.upstream, before, state)
 
     def _admit_local(self) -> Ticket:
-        with self._lock:
-            state = self.state
-            now = anyio.current_time()
-            if state == pybreaker.STATE_OPEN:
-                if now < self._open_until:
-                    raise self._refuse(self._open_until - now)
-                self._cb.half_open()
-                self._probing = True
-                return Ticket(self, probe=True)
-            if state == pybreaker.STATE_HALF_OPEN:
-                if self._probing:
-                    raise self._refuse(0.0)
-                self._probing = True
-                return Ticket(self, probe=True)
-            return Ticket(self, probe=False)
+        state = self.state
+        now = anyio.current_time()
+        if state == pybreaker.STATE_OPEN:
+            if now < self._open_until:
+                raise self._refuse(self._open_until - now)
+            self._cb.half_open()
+            self._probing = True
+            return Ticket(self, probe=True)
+        if state == pybreaker.STATE_HALF_OPEN:
+            if self._probing:
+                raise self._refuse(0.0)
+            self._probing = True
+            return Ticket(self, probe=True)
+        return Ticket(self, probe=False)
 
     def _refuse(self, retry_in: float) -> exc.CircuitOpen:
         when = f"probes in {retry_in:.3f}s" if retry_in > 0 else "a probe is in flight"
@@ -245,28 +246,26 @@ class Circuit:
         self._record_local(failed, probe, open_for)
 
     def _record_local(self, failed: bool, probe: bool, open_for: float | None) -> None:
-        with self._lock:
-            if probe:
-                self._probing = False
-            if open_for is not None:
-                self._open_for = min(open_for, self.policy.max_open)
-                if self.state != pybreaker.STATE_OPEN:
-                    self._cb.open()  # notifies the listener, which sets the open time
-                else:
-                    self._open_until = anyio.current_time() + self._open_for
-                    self._open_for = None
-                return
-            if self.state == pybreaker.STATE_OPEN:
-                return  # an attempt admitted before the circuit opened: no news
-            with contextlib.suppress(_AttemptFailed):
-                self._cb.call(_fail if failed else _succeed)
+        if probe:
+            self._probing = False
+        if open_for is not None:
+            self._open_for = min(open_for, self.policy.max_open)
+            if self.state != pybreaker.STATE_OPEN:
+                self._cb.open()  # notifies the listener, which sets the open time
+            else:
+                self._open_until = anyio.current_time() + self._open_for
+                self._open_for = None
+            return
+        if self.state == pybreaker.STATE_OPEN:
+            return  # an attempt admitted before the circuit opened: no news
+        with contextlib.suppress(_AttemptFailed):
+            self._cb.call(_fail if failed else _succeed)
 
     def _release(self, probe: bool, fleet_id: str | None = None) -> None:
         if probe and fleet_id is not None and self._fleet is not None:
             self._fleet.record(self.upstream, fleet_id, "release", None, self._fleet_seen)
-        with self._lock:
-            if probe:
-                self._probing = False
+        if probe:
+            self._probing = False
 
     def _opened(self) -> None:
         # Listener hook: pybreaker moved to open; start the clock on our monotonic time.
@@ -328,7 +327,6 @@ class BreakerRegistry:
         self.policy = policy
         self._on_change = on_change
         self._circuits: dict[str, Circuit] = {}
-        self._lock = threading.Lock()
         self._fleet = (
             None
             if policy.shared is None
@@ -348,10 +346,9 @@ class BreakerRegistry:
         key = f"{base_url} model={model}" if self.policy.per_model else base_url
         circuit = self._circuits.get(key)
         if circuit is None:
-            with self._lock:
-                circuit = self._circuits.setdefault(
-                    key, Circuit(key, self.policy, self._on_change, self._fleet)
-                )
+            circuit = self._circuits.setdefault(
+                key, Circuit(key, self.policy, self._on_change, self._fleet)
+            )
         return circuit
 
     def snapshot(self) -> dict[str, CircuitState]:

@@ -83,6 +83,9 @@ class Client:
         provider_name: ``gen_ai.provider.name`` on spans and metrics (default "openai").
         record_content: put prompts and completions on spans (default False: never).
 
+    A client belongs to one event loop, the one of its first call: make one client per
+    loop, never share it between threads (docs/concurrency.md).
+
     Example:
         >>> async with Client(base_url="http://127.0.0.1:8000/v1", timeout=30) as client:
         ...     resp = await client.chat.completions.create(

@@ -171,6 +171,9 @@ class Engine:
             ``httpx.Proxy`` for every call of the default pool, instead of the environment.
         provider_name, record_content, tracer_provider, meter_provider: telemetry, as
             for `Client`.
+
+    One engine belongs to one event loop, as its client does: the state its calls share
+    (budget, circuits, pacer, registry) changes without awaiting, and takes no lock.
     """
 
     def __init__(

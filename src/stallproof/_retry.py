@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import math
 import random
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -138,12 +137,15 @@ class RetryBudget:
 
 
 class TokenBucket:
-    """The running state of a `RetryBudget`, shared by every call of one client."""
+    """The running state of a `RetryBudget`, shared by every call of one client.
+
+    Like the client, it belongs to one event loop: its changes never await, so they need no
+    lock.
+    """
 
     def __init__(self, budget: RetryBudget) -> None:
         self.budget = budget
         self._tokens = budget.max_tokens
-        self._lock = threading.Lock()  # a client may be shared by event loops in threads
 
     @property
     def tokens(self) -> float:
@@ -152,13 +154,11 @@ class TokenBucket:
 
     def record_failure(self) -> bool:
         """Take a token for a failed attempt; return whether a retry is still allowed."""
-        with self._lock:
-            self._tokens = max(0.0, self._tokens - 1.0)
-            return self._tokens > self.budget.max_tokens / 2
+        self._tokens = max(0.0, self._tokens - 1.0)
+        return self._tokens > self.budget.max_tokens / 2
 
     def record_success(self) -> None:
-        with self._lock:
-            self._tokens = min(self.budget.max_tokens, self._tokens + self.budget.token_ratio)
+        self._tokens = min(self.budget.max_tokens, self._tokens + self.budget.token_ratio)
 
 
 def _outcome_error(state: tenacity.RetryCallState) -> BaseException | None:
