@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Callable
 
 import anyio
@@ -39,6 +38,7 @@ import pybreaker
 from . import _exceptions as exc
 from ._fleet import FleetBreaker
 from ._shared import Health, RedisState, Stores, now
+from ._validate import check_bool, check_int, check_number, invalid
 
 __all__ = ["Breaker", "BreakerRegistry", "Circuit", "CircuitState", "Ticket"]
 
@@ -71,28 +71,12 @@ class Breaker:
 
     def __post_init__(self) -> None:
         if self.shared is not None and not isinstance(self.shared, RedisState):
-            raise exc.InvalidRequestError(
-                f"Breaker.shared must be None or a RedisState, got {self.shared!r}"
-            )
+            raise invalid("Breaker.shared", "None or a RedisState", self.shared)
         for name in ("fail_max", "success_threshold"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise exc.InvalidRequestError(f"Breaker.{name} must be an int >= 1, got {value!r}")
+            check_int(f"Breaker.{name}", getattr(self, name), minimum=1)
         for name in ("reset_timeout", "max_open"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                raise exc.InvalidRequestError(
-                    f"Breaker.{name} must be a finite number > 0, got {value!r}"
-                )
-        if not isinstance(self.per_model, bool):
-            raise exc.InvalidRequestError(
-                f"Breaker.per_model must be a bool, got {self.per_model!r}"
-            )
+            check_number(f"Breaker.{name}", getattr(self, name), above=0)
+        check_bool("Breaker.per_model", self.per_model)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

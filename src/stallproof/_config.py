@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 from typing import Final
 
 from ._exceptions import InvalidRequestError
+from ._validate import check_int, seconds
 
 __all__ = ["UNSET", "Limits", "Timeouts", "TimeoutTypes", "Unset"]
 
@@ -25,19 +25,6 @@ class Unset(enum.Enum):
 
 
 UNSET: Final = Unset.UNSET
-
-
-def _check_seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequestError(
-            f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
-        )
-    v = float(value)
-    if math.isnan(v) or math.isinf(v):
-        raise InvalidRequestError(f"{name} must be finite, got {value!r}: every bound is finite")
-    if v < 0 or (v == 0 and not allow_zero):
-        raise InvalidRequestError(f"{name} must be > 0 seconds, got {value!r}")
-    return v
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,7 +64,7 @@ class Timeouts:
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
-            value = _check_seconds(f"Timeouts.{field.name}", getattr(self, field.name))
+            value = seconds(f"Timeouts.{field.name}", getattr(self, field.name))
             object.__setattr__(self, field.name, value)
 
     @classmethod
@@ -99,12 +86,12 @@ class Timeouts:
             )
         if _is_httpx_timeout(value):
             phases = {
-                name: _check_seconds(f"timeout.{name}", getattr(value, name))
+                name: seconds(f"timeout.{name}", getattr(value, name))
                 for name in ("connect", "read", "write", "pool")
                 if getattr(value, name) is not None
             }
             return dataclasses.replace(base, **phases)
-        total = _check_seconds("timeout", value)
+        total = seconds("timeout", value)
         return dataclasses.replace(base, total=total)
 
     def replace(self, **changes: float) -> Timeouts:
@@ -148,14 +135,9 @@ class Limits:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.name == "keepalive_expiry":
-                object.__setattr__(
-                    self, field.name, _check_seconds("Limits.keepalive_expiry", value)
-                )
+                object.__setattr__(self, field.name, seconds("Limits.keepalive_expiry", value))
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidRequestError(
-                    f"Limits.{field.name} must be a positive int, got {value!r}"
-                )
+            check_int(f"Limits.{field.name}", value, minimum=1)
         if self.max_keepalive_connections > self.max_connections:
             raise InvalidRequestError(
                 "Limits.max_keepalive_connections must be <= max_connections, got "

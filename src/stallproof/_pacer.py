@@ -49,6 +49,7 @@ from . import _exceptions as exc
 from ._exceptions import PacerTimeout
 from ._fleet import FleetLease, FleetPacer
 from ._shared import RedisState, Stores
+from ._validate import check_bool, check_int, check_number, invalid, is_int, is_number
 
 __all__ = [
     "OVERLOAD_STATUSES",
@@ -68,18 +69,6 @@ _MINUTE = 60.0
 def is_overload(error: BaseException | None) -> bool:
     """Whether ``error`` is an answer that should shrink the adaptive limit (429/503/529)."""
     return isinstance(error, exc.APIStatusError) and error.status_code in OVERLOAD_STATUSES
-
-
-def _bad(name: str, want: str, value: object) -> exc.InvalidRequestError:
-    return exc.InvalidRequestError(f"{name} must be {want}, got {value!r}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,32 +112,22 @@ class Pacer:
 
     def __post_init__(self) -> None:
         if self.shared is not None and not isinstance(self.shared, RedisState):
-            raise _bad("Pacer.shared", "None or a RedisState", self.shared)
+            raise invalid("Pacer.shared", "None or a RedisState", self.shared)
         most = self.max_concurrent
-        if most is not None and not (_is_int(most) and most >= 1):
-            raise _bad("Pacer.max_concurrent", "None or an int >= 1", most)
+        check_int("Pacer.max_concurrent", most, minimum=1, optional=True)
         for name in ("requests_per_minute", "tokens_per_minute"):
-            value = getattr(self, name)
-            if value is not None and not (_is_number(value) and value >= 1):
-                raise _bad(f"Pacer.{name}", "None or a finite number >= 1", value)
-        if not isinstance(self.adaptive, bool):
-            raise _bad("Pacer.adaptive", "a bool", self.adaptive)
-        least = self.min_concurrent
-        if not (_is_int(least) and least >= 1 and (most is None or least <= most)):
-            raise _bad("Pacer.min_concurrent", "an int >= 1 and <= max_concurrent", least)
-        if not (_is_number(self.decrease_factor) and 0 < self.decrease_factor < 1):
-            raise _bad("Pacer.decrease_factor", "a number > 0 and < 1", self.decrease_factor)
+            check_number(f"Pacer.{name}", getattr(self, name), minimum=1, optional=True)
+        check_bool("Pacer.adaptive", self.adaptive)
+        check_int("Pacer.min_concurrent", self.min_concurrent, minimum=1, maximum=most)
+        check_number("Pacer.decrease_factor", self.decrease_factor, above=0, below=1)
         for name in ("increase_step", "chars_per_token"):
-            value = getattr(self, name)
-            if not (_is_number(value) and value > 0):
-                raise _bad(f"Pacer.{name}", "a finite number > 0", value)
+            check_number(f"Pacer.{name}", getattr(self, name), above=0)
         if self.weights is not None:
             weights = dict(self.weights)
             for agent, weight in weights.items():
                 if not isinstance(agent, str):
-                    raise _bad("Pacer.weights keys", "agent names (str)", agent)
-                if not (_is_number(weight) and 0.01 <= weight <= 100):
-                    raise _bad(f"Pacer.weights[{agent!r}]", "a number from 0.01 to 100", weight)
+                    raise invalid("Pacer.weights keys", "agent names (str)", agent)
+                check_number(f"Pacer.weights[{agent!r}]", weight, minimum=0.01, maximum=100)
             object.__setattr__(self, "weights", types.MappingProxyType(weights))
 
     def estimate_tokens(self, messages: object, *, max_tokens: int | None = None) -> int:
@@ -293,7 +272,7 @@ class Permit:
         if self._released:
             return
         self._released = True
-        bad = used_tokens is not None and not (_is_int(used_tokens) and used_tokens >= 0)
+        bad = used_tokens is not None and not (is_int(used_tokens) and used_tokens >= 0)
         self._pacing._release(self, None if bad else used_tokens, overloaded, succeeded)
         if self._fleet is not None:
             self._fleet.release(
@@ -303,7 +282,7 @@ class Permit:
                 refund=False,
             )
         if bad:  # the slot is back all the same: a bad report must not leak a permit
-            raise _bad("used_tokens", "None or an int >= 0", used_tokens)
+            raise invalid("used_tokens", "None or an int >= 0", used_tokens)
 
     def overload(self) -> None:
         """Report a 429/503/529 answer to one attempt while the call goes on (a retry):
@@ -418,11 +397,11 @@ class Pacing:
         A caller cancelled while it waits leaves the queue and takes nothing.
         """
         if agent is not None and not isinstance(agent, str):
-            raise _bad("agent", "None or a str", agent)
-        if not (_is_int(estimated_tokens) and estimated_tokens >= 0):
-            raise _bad("estimated_tokens", "an int >= 0", estimated_tokens)
-        if not _is_number(deadline):
-            raise _bad("deadline", "a finite time on anyio.current_time()'s clock", deadline)
+            raise invalid("agent", "None or a str", agent)
+        if not (is_int(estimated_tokens) and estimated_tokens >= 0):
+            raise invalid("estimated_tokens", "an int >= 0", estimated_tokens)
+        if not is_number(deadline):
+            raise invalid("deadline", "a finite time on anyio.current_time()'s clock", deadline)
         await anyio.lowlevel.checkpoint()
         now = anyio.current_time()
         waiter = _Waiter(agent, estimated_tokens, deadline, now)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +22,7 @@ import tenacity
 
 from . import _exceptions as exc
 from ._call import Call
+from ._validate import check_int, check_number
 
 __all__ = ["DEFAULT_RETRY_STATUSES", "Retry", "RetryBudget", "TokenBucket", "make_retrying"]
 
@@ -32,15 +32,6 @@ logger = logging.getLogger("stallproof")
 DEFAULT_RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 # Never retried, whatever `statuses` says: the request itself is wrong.
 _NEVER_RETRY = frozenset({400, 401, 403, 404, 422})
-
-
-def _positive(name: str, value: object, *, integer: bool = False, zero: bool = False) -> None:
-    ok_type = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, ok_type):
-        kind = "an int" if integer else "a number"
-        raise exc.InvalidRequestError(f"{name} must be {kind}, got {value!r}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-        raise exc.InvalidRequestError(f"{name} must be {'>= 0' if zero else '> 0'}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,14 +66,13 @@ class Retry:
     statuses: frozenset[int] = DEFAULT_RETRY_STATUSES
 
     def __post_init__(self) -> None:
-        _positive("Retry.attempts", self.attempts, integer=True)
-        _positive("Retry.backoff_base", self.backoff_base)
-        _positive("Retry.backoff_max", self.backoff_max)
-        _positive("Retry.retry_after_max", self.retry_after_max, zero=True)
+        check_int("Retry.attempts", self.attempts, minimum=1)
+        check_number("Retry.backoff_base", self.backoff_base, above=0)
+        check_number("Retry.backoff_max", self.backoff_max, above=0)
+        check_number("Retry.retry_after_max", self.retry_after_max, minimum=0)
         statuses = frozenset(self.statuses)
         for code in statuses:
-            if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
-                raise exc.InvalidRequestError(f"Retry.statuses: {code!r} is not an HTTP status")
+            check_int("each of Retry.statuses", code, minimum=100, maximum=599)
         object.__setattr__(self, "statuses", statuses)
 
     def backoff(self, attempt: int, u: float) -> float:
@@ -132,8 +122,8 @@ class RetryBudget:
     token_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        _positive("RetryBudget.max_tokens", self.max_tokens)
-        _positive("RetryBudget.token_ratio", self.token_ratio)
+        check_number("RetryBudget.max_tokens", self.max_tokens, above=0)
+        check_number("RetryBudget.token_ratio", self.token_ratio, above=0)
 
 
 class TokenBucket:
