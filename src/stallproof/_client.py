@@ -252,24 +252,11 @@ class Client:
         self, method: bytes, path: str, body: dict[str, Any] | None, opts: PerCall, *, stream: bool
     ) -> Incoming:
         """Send one call through the engine; a non-2xx answer is raised (body released)."""
-        if opts.agent is not None and not isinstance(opts.agent, str):
-            raise exc.InvalidRequestError(f"agent must be a str or None, got {opts.agent!r}")
-        labels = opts.labels
-        if labels is not None and (
-            not isinstance(labels, Mapping)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
-        ):
-            raise exc.InvalidRequestError(f"labels must map str to str, got {labels!r}")
-        retry = opts.retry
-        if is_omitted(retry) or retry is UNSET:
-            retry = self._settings.retry
-        elif retry is not None and not isinstance(retry, Retry):
-            raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
         options = CallOptions(
             timeouts=self._resolve_timeouts(opts.timeout),
-            retry=retry,
+            retry=opts.retry,  # UNSET: the engine's, which is this client's
             agent=opts.agent,
-            labels=labels,
+            labels=opts.labels,
             body=body,
             upstream=self._upstream,
             operation=path.split("/", 1)[0],

@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
-from ._config import UNSET
+from . import _exceptions as exc
+from ._config import UNSET, Unset
 from ._engine import Incoming
+from ._request import is_omitted
+from ._retry import Retry
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -31,21 +34,41 @@ R = TypeVar("R")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PerCall:
-    """The per-call arguments every method takes besides its own parameters."""
+    """The per-call arguments every method takes besides its own parameters.
+
+    ``agent`` and ``labels`` are checked here, for every method; ``timeout`` when it is
+    resolved against the client's bounds (`Timeouts.coerce`), and ``retry`` by the engine,
+    which every face reaches (an omitted one is `UNSET`: the client's policy).
+
+    Raises:
+        InvalidRequestError: an ``agent`` that is not a str, or ``labels`` that do not map
+            str to str.
+    """
 
     timeout: object = UNSET
-    retry: object = UNSET
+    retry: Retry | Unset | None = UNSET
     agent: str | None = None
     labels: Mapping[str, str] | None = None
     extra_headers: Mapping[str, str | None] | None = None
     extra_query: Mapping[str, object] | None = None
 
+    def __post_init__(self) -> None:
+        if self.agent is not None and not isinstance(self.agent, str):
+            raise exc.InvalidRequestError(f"agent must be a str or None, got {self.agent!r}")
+        labels = self.labels
+        if labels is not None and (
+            not isinstance(labels, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+        ):
+            raise exc.InvalidRequestError(f"labels must map str to str, got {labels!r}")
+
     @classmethod
     def pop(cls, params: dict[str, Any]) -> PerCall:
         """Take the per-call arguments out of a method's keyword arguments."""
+        retry = params.pop("retry", UNSET)
         return cls(
             timeout=params.pop("timeout", UNSET),
-            retry=params.pop("retry", UNSET),
+            retry=UNSET if is_omitted(retry) else retry,
             agent=params.pop("agent", None),
             labels=params.pop("labels", None),
             extra_headers=params.pop("extra_headers", None),
