@@ -3,7 +3,7 @@
 1. **Admission overhead.** One process admits calls through a `Pacer` (requests per minute
    and a concurrency limit) and a `Breaker`'s circuit, with local state and with
    ``shared=RedisState(...)`` on a redis-server on loopback, in interleaved rounds. Each
-   admission is what a call does before it is sent: ``Pacing.acquire`` then
+   admission is what a call does before it is sent: ``PacerRuntime.acquire`` then
    ``Circuit.admit``, and after it ``release``/``success`` (which send their Redis updates
    in the background). Reported: median and p99 per admission, and shared minus local; and,
    as the floor, one redis-py PING round trip on the same machine (two round trips, the
@@ -42,7 +42,7 @@ from typing import Any
 import stallproof
 from fault_server import running
 from stallproof._breaker import BreakerRegistry
-from stallproof._pacer import Pacing
+from stallproof._pacer import PacerRuntime
 from stallproof._shared import Stores
 
 ROUNDS = 10
@@ -78,7 +78,7 @@ def _p99(values: list[float]) -> float:
 
 async def _admissions(pacer: stallproof.Pacer, breaker: stallproof.Breaker, n: int) -> list[float]:
     stores = Stores()  # as a client does: one connection pool for the pacer and the breaker
-    pacing = Pacing(pacer, stores=stores)
+    pacing = PacerRuntime(pacer, stores=stores)
     circuits = BreakerRegistry(breaker, stores=stores)
     circuit = circuits.circuit("http://upstream", "m")
     loop = asyncio.get_running_loop()

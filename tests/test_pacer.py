@@ -18,7 +18,7 @@ import pytest
 import trio.testing
 
 import stallproof
-from stallproof._pacer import Pacer, PacerTimeout, Pacing, Permit
+from stallproof._pacer import Pacer, PacerRuntime, PacerTimeout, Permit
 
 from .conftest import MARGIN, stopwatch
 
@@ -37,7 +37,7 @@ FAR = 10_000.0  # a deadline that never matters
 
 
 async def _acquire(
-    pacing: Pacing, agent: str | None = None, tokens: int = 0, within: float = FAR
+    pacing: PacerRuntime, agent: str | None = None, tokens: int = 0, within: float = FAR
 ) -> Permit:
     return await pacing.acquire(
         agent=agent, estimated_tokens=tokens, deadline=anyio.current_time() + within
@@ -104,7 +104,7 @@ def test_estimate_tokens_counts_every_string_and_the_completion_allowance() -> N
 
 @virtual_time
 async def test_acquire_validates_its_arguments(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(max_concurrent=1))
+    pacing = PacerRuntime(Pacer(max_concurrent=1))
     now = anyio.current_time()
     with pytest.raises(stallproof.InvalidRequestError, match="deadline"):
         await pacing.acquire(agent=None, estimated_tokens=0, deadline=float("inf"))
@@ -123,7 +123,7 @@ async def test_acquire_validates_its_arguments(anyio_backend: Any) -> None:
 
 @virtual_time
 async def test_concurrency_never_exceeds_the_limit(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(max_concurrent=4))
+    pacing = PacerRuntime(Pacer(max_concurrent=4))
     rng = random.Random(1)
     holds = [rng.uniform(0.1, 2.0) for _ in range(50)]
     holders = most = done = 0
@@ -153,7 +153,7 @@ async def test_concurrency_never_exceeds_the_limit(anyio_backend: Any) -> None:
 
 @virtual_time
 async def test_requests_per_minute_over_five_minutes(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(requests_per_minute=90))
+    pacing = PacerRuntime(Pacer(requests_per_minute=90))
     start = anyio.current_time()
     grants: list[float] = []
 
@@ -178,7 +178,7 @@ async def test_tokens_per_minute_counts_real_usage_once_known(anyio_backend: Any
 
     async def three_minutes(report_usage: bool) -> tuple[list[float], list[int]]:
         """60 calls estimated at 1000 tokens, each held 2 s; grant times and usage."""
-        pacing = Pacing(Pacer(tokens_per_minute=6000))
+        pacing = PacerRuntime(Pacer(tokens_per_minute=6000))
         start = anyio.current_time()
         grants: list[float] = []
         used: list[int] = []
@@ -211,7 +211,7 @@ async def test_tokens_per_minute_counts_real_usage_once_known(anyio_backend: Any
 
 @virtual_time
 async def test_a_request_larger_than_the_whole_minute_goes_alone(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(tokens_per_minute=1000))
+    pacing = PacerRuntime(Pacer(tokens_per_minute=1000))
     big = await _acquire(pacing, tokens=5000)  # the window is empty: it may go
     big.release()
     start = anyio.current_time()
@@ -225,7 +225,7 @@ async def test_a_request_larger_than_the_whole_minute_goes_alone(anyio_backend: 
 
 @virtual_time
 async def test_a_queued_call_with_one_second_left_fails_at_one_second(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(max_concurrent=1))
+    pacing = PacerRuntime(Pacer(max_concurrent=1))
     holder = await _acquire(pacing)
     async with anyio.create_task_group() as tg:
         for _ in range(3):
@@ -253,7 +253,7 @@ async def test_a_queued_call_with_one_second_left_fails_at_one_second(anyio_back
 async def test_a_call_whose_rate_slot_is_30s_away_with_1s_left_fails_at_once(
     anyio_backend: Any,
 ) -> None:
-    pacing = Pacing(Pacer(requests_per_minute=2, tokens_per_minute=10_000))
+    pacing = PacerRuntime(Pacer(requests_per_minute=2, tokens_per_minute=10_000))
     (await _acquire(pacing)).release()
     await anyio.sleep(30)
     (await _acquire(pacing)).release()  # two in the window: the next slot opens at 60 s
@@ -282,7 +282,7 @@ async def test_a_queued_call_fails_as_soon_as_the_schedule_shows_it_cannot_go(
 ) -> None:
     # It was queued in time (t=1, 10 s left), but the call ahead of it took the minute's
     # last request at t=2; when its turn comes at t=3 it fails then, not at its deadline.
-    pacing = Pacing(Pacer(max_concurrent=1, requests_per_minute=2))
+    pacing = PacerRuntime(Pacer(max_concurrent=1, requests_per_minute=2))
     holder = await _acquire(pacing)
     start = anyio.current_time()
 
@@ -311,7 +311,7 @@ async def test_a_queued_call_fails_as_soon_as_the_schedule_shows_it_cannot_go(
 # -- fairness ------------------------------------------------------------------------------
 
 
-async def _grant_order(pacing: Pacing, arrivals: list[tuple[float, str]]) -> list[str]:
+async def _grant_order(pacing: PacerRuntime, arrivals: list[tuple[float, str]]) -> list[str]:
     """Run one call per (arrival time, agent), each holding its permit 1 s; the grant order."""
     order: list[str] = []
     start = anyio.current_time()
@@ -333,7 +333,7 @@ async def _grant_order(pacing: Pacing, arrivals: list[tuple[float, str]]) -> lis
 async def test_a_chatty_agent_cannot_starve_a_quiet_one(anyio_backend: Any) -> None:
     # "chatty" queues 100 calls, then "quiet" 10, one slot. Bound: between two grants to an
     # agent that stays queued, any other agent gets at most one.
-    pacing = Pacing(Pacer(max_concurrent=1))
+    pacing = PacerRuntime(Pacer(max_concurrent=1))
     order = await _grant_order(pacing, [(0.0, "chatty")] * 100 + [(0.0, "quiet")] * 10)
     quiet = [i for i, agent in enumerate(order) if agent == "quiet"]
     assert len(quiet) == 10 and order.count("chatty") == 100
@@ -347,7 +347,7 @@ async def test_a_chatty_agent_cannot_starve_a_quiet_one(anyio_backend: Any) -> N
 
 @virtual_time
 async def test_a_late_agent_is_served_within_one_round(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(max_concurrent=1))
+    pacing = PacerRuntime(Pacer(max_concurrent=1))
     arrivals = [(0.0, "a")] * 30 + [(0.0, "b")] * 30 + [(10.5, "late")] * 3
     order = await _grant_order(pacing, arrivals)
     late = [i for i, agent in enumerate(order) if agent == "late"]
@@ -358,7 +358,7 @@ async def test_a_late_agent_is_served_within_one_round(anyio_backend: Any) -> No
 
 @virtual_time
 async def test_weights_split_the_turns(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(max_concurrent=1, weights={"a": 3, "b": 1, "c": 0.5}))
+    pacing = PacerRuntime(Pacer(max_concurrent=1, weights={"a": 3, "b": 1, "c": 0.5}))
     order = await _grant_order(pacing, [(0.0, "a")] * 60 + [(0.0, "b")] * 20 + [(0.0, "c")] * 10)
     # While all three are queued, two rounds grant a 6, b 2 and c 1 (over n rounds an agent
     # gets more than n*w - 1 and at most n*w): within one grant of 30, 10, 5 in 45 grants.
@@ -378,7 +378,7 @@ async def test_weights_split_the_turns(anyio_backend: Any) -> None:
 async def test_the_limit_halves_under_overload_and_recovers_step_by_step(
     anyio_backend: Any,
 ) -> None:
-    pacing = Pacing(Pacer(max_concurrent=8))
+    pacing = PacerRuntime(Pacer(max_concurrent=8))
     # Eight calls in flight all get 429: one congestion event, one halving.
     permits = [await _acquire(pacing) for _ in range(8)]
     for permit in permits:
@@ -411,7 +411,7 @@ async def test_the_limit_halves_under_overload_and_recovers_step_by_step(
 
 @virtual_time
 async def test_a_lowered_limit_holds_back_new_calls(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(max_concurrent=4, min_concurrent=2))
+    pacing = PacerRuntime(Pacer(max_concurrent=4, min_concurrent=2))
     permits = [await _acquire(pacing) for _ in range(4)]
     permits.pop().release(overloaded=True)
     assert pacing.limit == 2 and pacing.snapshot().in_use == 3
@@ -427,7 +427,7 @@ async def test_a_lowered_limit_holds_back_new_calls(anyio_backend: Any) -> None:
 
 @virtual_time
 async def test_an_attempt_can_report_overload_while_the_call_goes_on(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(max_concurrent=8))
+    pacing = PacerRuntime(Pacer(max_concurrent=8))
     permit = await _acquire(pacing)
     permit.overload()  # attempt 1: 503; the call retries under the same permit
     permit.overload()  # attempt 2: 429 again: the same congestion event
@@ -439,7 +439,7 @@ async def test_an_attempt_can_report_overload_while_the_call_goes_on(anyio_backe
 
 @virtual_time
 async def test_permit_as_context_manager_reports_the_outcome(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(max_concurrent=8))
+    pacing = PacerRuntime(Pacer(max_concurrent=8))
     overloaded = stallproof.RateLimitError("x", status_code=429, body=None, headers={})
     with pytest.raises(stallproof.RateLimitError), await _acquire(pacing):
         raise overloaded
@@ -455,7 +455,7 @@ async def test_permit_as_context_manager_reports_the_outcome(anyio_backend: Any)
 
 @virtual_time
 async def test_adaptive_off_keeps_the_limit(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(max_concurrent=8, adaptive=False))
+    pacing = PacerRuntime(Pacer(max_concurrent=8, adaptive=False))
     for _ in range(5):
         (await _acquire(pacing)).release(overloaded=True)
     assert pacing.limit == 8 and pacing.snapshot().overloads == 5
@@ -467,7 +467,7 @@ async def test_adaptive_off_keeps_the_limit(anyio_backend: Any) -> None:
 @virtual_time
 async def test_a_thousand_random_cancellations_leave_the_count_exact(anyio_backend: Any) -> None:
     policy = Pacer(max_concurrent=5, requests_per_minute=600, tokens_per_minute=200_000)
-    pacing = Pacing(policy)
+    pacing = PacerRuntime(policy)
     rng = random.Random(20240611)
     kinds = ["while queued", "while holding", "right after acquire", "not at all"]
     plans = [
@@ -542,7 +542,7 @@ async def test_a_thousand_random_cancellations_leave_the_count_exact(anyio_backe
 async def test_inside_a_scope_with_the_same_deadline_the_scope_wins(anyio_backend: Any) -> None:
     # What the client sees if it acquires inside its total_scope: the scope's TotalTimeout
     # (phase "pacer queue") rather than PacerTimeout, and nothing left in the queue.
-    pacing = Pacing(Pacer(max_concurrent=1))
+    pacing = PacerRuntime(Pacer(max_concurrent=1))
     holder = await _acquire(pacing)
     deadline = anyio.current_time() + 1.0
     with anyio.CancelScope(deadline=deadline) as scope:
@@ -554,7 +554,7 @@ async def test_inside_a_scope_with_the_same_deadline_the_scope_wins(anyio_backen
 
 @virtual_time
 async def test_cancelled_waiters_leave_the_turns_to_the_others(anyio_backend: Any) -> None:
-    pacing = Pacing(Pacer(max_concurrent=1))
+    pacing = PacerRuntime(Pacer(max_concurrent=1))
     holder = await _acquire(pacing)
     got: list[str] = []
 
@@ -584,7 +584,7 @@ async def test_cancelled_waiters_leave_the_turns_to_the_others(anyio_backend: An
 
 
 async def test_real_time_deadline_and_turns(anyio_backend: str) -> None:
-    pacing = Pacing(Pacer(max_concurrent=1, requests_per_minute=1000))
+    pacing = PacerRuntime(Pacer(max_concurrent=1, requests_per_minute=1000))
     holder = await _acquire(pacing)
     with stopwatch() as t, pytest.raises(PacerTimeout, match=r"waited 0\.2"):
         await _acquire(pacing, within=0.2)
@@ -608,7 +608,7 @@ async def test_real_time_deadline_and_turns(anyio_backend: str) -> None:
 async def test_a_grant_racing_a_cancellation_gives_everything_back(anyio_backend: str) -> None:
     # The permit is granted, then the waiting task is cancelled before it runs again: it
     # must not keep the slot, nor the request and tokens it was charged.
-    pacing = Pacing(Pacer(max_concurrent=1, requests_per_minute=100, tokens_per_minute=1000))
+    pacing = PacerRuntime(Pacer(max_concurrent=1, requests_per_minute=100, tokens_per_minute=1000))
     holder = await _acquire(pacing, tokens=100)
     task = asyncio.ensure_future(_acquire(pacing, tokens=500))
     await anyio.sleep(0.01)

@@ -17,7 +17,7 @@ import trio.testing
 import stallproof
 from stallproof._breaker import Circuit
 from stallproof._call import Call
-from stallproof._retry import TokenBucket, make_retrying
+from stallproof._retry import RetryTokens, make_retrying
 
 virtual_time = pytest.mark.parametrize(
     "anyio_backend",
@@ -95,7 +95,7 @@ def test_what_is_retryable(error: BaseException, retryable: bool) -> None:
 
 
 def test_budget_allows_four_retries_from_full_then_recovers_with_successes() -> None:
-    bucket = TokenBucket(stallproof.RetryBudget(max_tokens=10, token_ratio=0.1))
+    bucket = RetryTokens(stallproof.RetryBudget(max_tokens=10, token_ratio=0.1))
     assert [bucket.record_failure() for _ in range(6)] == [True] * 4 + [False] * 2
     assert bucket.tokens == 4
     for _ in range(10):

@@ -139,7 +139,7 @@ class ResponseBody:
         self.content = content
         self._wire = wire
         telemetry = scope.telemetry
-        keep_text = telemetry.recording and telemetry.t.record_content
+        keep_text = telemetry.recording and telemetry.instruments.record_content
         self.outcome = outcome if outcome is not None else Outcome(keep_text=keep_text)
         self._parse_outcome = parse_outcome
         self._state = _State.DRAINED if wire is None else _State.LIVE

@@ -94,7 +94,7 @@ class Call:
         self.bytes_received = 0
         self.content_chunks = 0
         self.shared: str | None = None  # fleet state: "redis", "local (why)"; None: unshared
-        self.observer: CallTelemetry | None = None
+        self.telemetry: CallTelemetry | None = None
         self._registry: dict[int, Call] | None = None
         self._scope: anyio.CancelScope | None = None
         self._bound = "total"
@@ -155,8 +155,8 @@ class Call:
             old = self.phase
             self.phase = phase
             self.phase_since = self.last_progress = anyio.current_time()
-            if self.observer is not None:
-                self.observer.phase_changed(old, phase)
+            if self.telemetry is not None:
+                self.telemetry.phase_changed(old, phase)
 
     # -- bounds --------------------------------------------------------------------------
 

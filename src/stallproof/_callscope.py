@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from . import _exceptions as exc
 from ._call import Call
-from ._pacer import Pacing, Permit, is_overload
+from ._pacer import PacerRuntime, Permit, is_overload
 from ._progress import Outcome
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class CallScope:
         self._circuit: Circuit | None = None
         self._before = ""  # the circuit's state before the attempt's admission
         self._state = _State.OPEN
-        call.observer = telemetry
+        call.telemetry = telemetry
         registry[id(call)] = call
 
     @property
@@ -70,7 +70,7 @@ class CallScope:
 
     # -- what the scope acquires along the way -------------------------------------------
 
-    async def pace(self, pacing: Pacing, estimated_tokens: int) -> None:
+    async def pace(self, pacing: PacerRuntime, estimated_tokens: int) -> None:
         """Wait for a pacer permit inside the call's deadline; the scope then holds it."""
         call = self.call
         call.set_phase("pacer queue")

@@ -52,15 +52,15 @@ from ._decoding import (
 )
 from ._inflight import InflightCall, current_tags
 from ._json import OFF_LOOP_BYTES, loads
-from ._pacer import Pacer, PacerState, Pacing
+from ._pacer import Pacer, PacerRuntime, PacerState
 from ._pool import WireStats
 from ._progress import Outcome
 from ._proxy import ProxyTypes
 from ._redact import check_headers
-from ._retry import Retry, RetryBudget, TokenBucket, make_retrying
+from ._retry import Retry, RetryBudget, RetryTokens, make_retrying
 from ._shared import Stores
 from ._status import status_error_from_body
-from ._telemetry import Telemetry
+from ._telemetry import Instruments
 
 __all__ = ["CallOptions", "Engine", "Incoming", "Outgoing", "Pool", "new_request_id"]
 
@@ -206,10 +206,10 @@ class Engine:
         self.timeout = timeout
         self.limits = limits
         self.retry = retry or _NO_RETRY
-        self._bucket = TokenBucket(retry_budget) if retry_budget is not None else None
+        self._retry_tokens = RetryTokens(retry_budget) if retry_budget is not None else None
         stores = Stores(meter_provider)  # fleet state on Redis, if the policies share any
         self._breakers = BreakerRegistry(breaker, stores=stores) if breaker is not None else None
-        self._pacing = Pacing(pacer, stores=stores) if pacer is not None else None
+        self._pacing = PacerRuntime(pacer, stores=stores) if pacer is not None else None
         self._owns_pool = pool is None
         if pool is None:
             from ._pool import open_pool
@@ -218,7 +218,7 @@ class Engine:
         self.pool: Pool = pool
         self._rng = random.Random()
         self._calls: dict[int, Call] = {}
-        self._telemetry = Telemetry(
+        self._instruments = Instruments(
             provider_name=provider_name,
             record_content=record_content,
             tracer_provider=tracer_provider,
@@ -240,7 +240,7 @@ class Engine:
 
     @property
     def retry_tokens(self) -> float | None:
-        return self._bucket.tokens if self._bucket is not None else None
+        return self._retry_tokens.tokens if self._retry_tokens is not None else None
 
     def pacer_state(self) -> PacerState | None:
         return self._pacing.snapshot() if self._pacing is not None else None
@@ -310,7 +310,7 @@ class Engine:
         if policy.attempts > 1 and _header(out.headers, b"idempotency-key") is None:
             # The same key on every attempt lets a server drop a duplicate it already ran.
             out.headers.append((b"idempotency-key", f"stallproof-{request_id}".encode()))
-        telemetry = self._telemetry.start(
+        telemetry = self._instruments.start(
             call,
             meta,
             operation=opts.operation or _operation(out.target),
@@ -340,8 +340,8 @@ class Engine:
         except BaseException as e:
             scope.end(e)
             raise
-        if self._bucket is not None:
-            self._bucket.record_success()
+        if self._retry_tokens is not None:
+            self._retry_tokens.record_success()
         return incoming
 
     async def _attempts(
@@ -354,7 +354,11 @@ class Engine:
         """
         call = scope.call
         retrying = make_retrying(
-            policy, call, self._bucket, rng=self._rng, on_retry=scope.telemetry.retry_scheduled
+            policy,
+            call,
+            self._retry_tokens,
+            rng=self._rng,
+            on_retry=scope.telemetry.retry_scheduled,
         )
         last: _StatusFailure | None = None
         n = 0

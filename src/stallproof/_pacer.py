@@ -3,7 +3,7 @@ queue between agents and an adaptive limit, all inside the call's total deadline
 
 Harnesses put a pacer in front of their LLM calls. One that waits without a bound is one
 more place to hang, and one that serves first come, first served lets a chatty agent starve
-the rest. `Pacing.acquire` waits at most until the call's deadline, fails at once when the
+the rest. `PacerRuntime.acquire` waits at most until the call's deadline, fails at once when the
 per-minute schedule shows the call cannot go in time, and serves agents in turn.
 
 The rules (defaults in brackets):
@@ -56,7 +56,7 @@ __all__ = [
     "Pacer",
     "PacerState",
     "PacerTimeout",
-    "Pacing",
+    "PacerRuntime",
     "Permit",
     "is_overload",
 ]
@@ -76,13 +76,13 @@ class Pacer:
     """How a client paces its calls. Every wait fits inside the call's total deadline.
 
     All limits are optional; with none, calls are never held but still counted and visible
-    in `Pacing.snapshot`.
+    in `Client.pacer_state`.
 
     Args:
         max_concurrent: calls in flight at once. Default None (no limit).
         requests_per_minute: calls started in any 60 s window. Default None.
         tokens_per_minute: tokens of the calls started in any 60 s window: their estimates
-            (`estimate_tokens`) until `Permit.release` reports real usage. Default None.
+            (`estimate_tokens`) until the call's usage is known. Default None.
         adaptive: shrink the concurrency limit under overload and grow it back (AIMD, see
             the module docstring). Needs max_concurrent. Default True.
         min_concurrent: the adaptive limit never goes below this. Default 1.
@@ -152,7 +152,7 @@ def _chars(value: object) -> int:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PacerState:
-    """A snapshot of a client's pacer, from `Pacing.snapshot()`."""
+    """A snapshot of a client's pacer, from `Client.pacer_state()`."""
 
     limit: int | None  # the concurrency limit now (AIMD-adjusted); None: no limit
     in_use: int  # permits held
@@ -240,7 +240,7 @@ class Permit:
         "waited",
     )
 
-    def __init__(self, pacing: Pacing, waiter: _Waiter, now: float) -> None:
+    def __init__(self, pacing: PacerRuntime, waiter: _Waiter, now: float) -> None:
         self._pacing = pacing
         self.agent = waiter.agent
         self.estimated_tokens = waiter.tokens
@@ -323,7 +323,7 @@ class _Waiter:
         self.wake_at = math.inf  # when a rate window frees up for it (head of the turn only)
 
 
-class Pacing:
+class PacerRuntime:
     """The running state of a `Pacer`, shared by every call of one client.
 
     It belongs to one event loop (waiters sleep on anyio events) and never blocks it: state

@@ -24,7 +24,7 @@ from . import _exceptions as exc
 from ._call import Call
 from ._validate import check_int, check_number
 
-__all__ = ["DEFAULT_RETRY_STATUSES", "Retry", "RetryBudget", "TokenBucket", "make_retrying"]
+__all__ = ["DEFAULT_RETRY_STATUSES", "Retry", "RetryBudget", "RetryTokens", "make_retrying"]
 
 logger = logging.getLogger("stallproof")
 
@@ -126,7 +126,7 @@ class RetryBudget:
         check_number("RetryBudget.token_ratio", self.token_ratio, above=0)
 
 
-class TokenBucket:
+class RetryTokens:
     """The running state of a `RetryBudget`, shared by every call of one client.
 
     Like the client, it belongs to one event loop: its changes never await, so they need no
@@ -159,7 +159,7 @@ def _outcome_error(state: tenacity.RetryCallState) -> BaseException | None:
 def make_retrying(
     policy: Retry,
     call: Call,
-    bucket: TokenBucket | None,
+    tokens: RetryTokens | None,
     *,
     rng: random.Random,
     on_retry: Callable[[BaseException, float], None] | None = None,
@@ -170,7 +170,7 @@ def make_retrying(
         if policy.attempts == 1 or not policy.retryable(error):
             return False
         # Only failures the policy would retry draw on the budget, as in gRPC.
-        return bucket.record_failure() if bucket is not None else True
+        return tokens.record_failure() if tokens is not None else True
 
     def wait(state: tenacity.RetryCallState) -> float:
         error = _outcome_error(state)

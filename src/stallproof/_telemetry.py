@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ._call import Call
     from ._progress import Outcome
 
-__all__ = ["CallTelemetry", "Telemetry", "infer_provider", "logger"]
+__all__ = ["CallTelemetry", "Instruments", "infer_provider", "logger"]
 
 logger = logging.getLogger("stallproof")
 
@@ -139,7 +139,7 @@ def infer_provider(host: str, path: str = "") -> str:
     return "openai"
 
 
-class Telemetry:
+class Instruments:
     """A client's tracer, meter and instruments."""
 
     def __init__(
@@ -219,7 +219,7 @@ class CallTelemetry:
 
     def __init__(
         self,
-        t: Telemetry,
+        instruments: Instruments,
         call: Call,
         body: Mapping[str, Any],
         operation: str,
@@ -227,7 +227,7 @@ class CallTelemetry:
         server_address: str,
         server_port: int,
     ) -> None:
-        self.t = t
+        self.instruments = instruments
         self.server_address = server_address
         self.server_port = server_port
         self.call = call
@@ -242,7 +242,7 @@ class CallTelemetry:
             "server.address": server_address,
             "server.port": server_port,
         }
-        self.span = t.tracer.start_span(
+        self.span = instruments.tracer.start_span(
             f"{operation} {call.model}" if call.model else operation,
             kind=SpanKind.CLIENT,
             attributes=self._base_attrs,
@@ -258,10 +258,10 @@ class CallTelemetry:
                 attrs["gen_ai.agent.name"] = call.agent
             for k, v in call.labels.items():
                 attrs[f"stallproof.label.{k}"] = v
-            if t.record_content:
+            if instruments.record_content:
                 attrs["gen_ai.input.messages"] = json.dumps(body.get("messages"), default=str)
             self.span.set_attributes(attrs)
-        t.inflight.add(1, {"stallproof.phase": call.phase})
+        instruments.inflight.add(1, {"stallproof.phase": call.phase})
         logger.debug(
             "call started model=%s stream=%s agent=%s request_id=%s",
             call.model,
@@ -274,8 +274,8 @@ class CallTelemetry:
     # -- phases and attempts -----------------------------------------------------------------
 
     def phase_changed(self, old: str, new: str) -> None:
-        self.t.inflight.add(-1, {"stallproof.phase": old})
-        self.t.inflight.add(1, {"stallproof.phase": new})
+        self.instruments.inflight.add(-1, {"stallproof.phase": old})
+        self.instruments.inflight.add(1, {"stallproof.phase": new})
 
     @contextlib.contextmanager
     def attempt(self, n: int, url: str) -> Iterator[dict[str, str]]:
@@ -303,7 +303,7 @@ class CallTelemetry:
         """Start attempt ``n``'s span and put its W3C trace context in ``carrier``."""
         self._end_attempt(None)
         context = trace.set_span_in_context(self.span)
-        span = self.t.tracer.start_span("POST", context=context, kind=SpanKind.CLIENT)
+        span = self.instruments.tracer.start_span("POST", context=context, kind=SpanKind.CLIENT)
         self._attempt_span = span
         if span.is_recording():
             attrs: dict[str, Any] = {
@@ -320,7 +320,7 @@ class CallTelemetry:
 
     def attempt_ended(self, error: BaseException | None, status: int | None = None) -> None:
         outcome = "ok" if error is None else self._error_type(error)
-        self.t.attempts.add(1, {**self._base_attrs, "stallproof.outcome": outcome})
+        self.instruments.attempts.add(1, {**self._base_attrs, "stallproof.outcome": outcome})
         self._end_attempt(error, status)
 
     def _end_attempt(self, error: BaseException | None, status: int | None = None) -> None:
@@ -379,7 +379,7 @@ class CallTelemetry:
             return
         ttfc = self.call.elapsed()
         self._last_chunk = ttfc
-        self.t.ttfc.record(ttfc, self._base_attrs)
+        self.instruments.ttfc.record(ttfc, self._base_attrs)
         if self.recording:
             self.span.set_attribute("gen_ai.response.time_to_first_chunk", ttfc)
 
@@ -390,7 +390,7 @@ class CallTelemetry:
             self.first_chunk()
             return
         now = self.call.elapsed()
-        self.t.per_chunk.record(now - self._last_chunk, self._base_attrs)
+        self.instruments.per_chunk.record(now - self._last_chunk, self._base_attrs)
         self._last_chunk = now
 
     # -- the end ---------------------------------------------------------------------------
@@ -404,7 +404,9 @@ class CallTelemetry:
         usage = {"input": outcome.input_tokens, "output": outcome.output_tokens}
         for kind, count in usage.items():
             if count is not None:
-                self.t.tokens.record(count, {**self._base_attrs, "gen_ai.token.type": kind})
+                self.instruments.tokens.record(
+                    count, {**self._base_attrs, "gen_ai.token.type": kind}
+                )
         if self.recording:
             attrs: dict[str, Any] = {"gen_ai.response.finish_reasons": list(outcome.finish_reasons)}
             optional = {
@@ -419,7 +421,7 @@ class CallTelemetry:
                 "stallproof.server_request_id": self.call.server_request_id,
             }
             attrs.update((k, v) for k, v in optional.items() if v is not None and v != "")
-            if self.t.record_content and outcome.text is not None:
+            if self.instruments.record_content and outcome.text is not None:
                 attrs["gen_ai.output.messages"] = json.dumps(
                     [{"role": "assistant", "content": "".join(outcome.text)}]
                 )
@@ -458,8 +460,8 @@ class CallTelemetry:
         attrs = dict(self._base_attrs)
         if error is not None:
             attrs["error.type"] = self._error_type(error)
-        self.t.duration.record(self.call.elapsed(), attrs)
-        self.t.inflight.add(-1, {"stallproof.phase": self.call.phase})
+        self.instruments.duration.record(self.call.elapsed(), attrs)
+        self.instruments.inflight.add(-1, {"stallproof.phase": self.call.phase})
         self.span.end()
         if error is None:
             logger.debug(
