@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import fault_server
 import stallproof
 import stallproof.openai
-from fault_server._tls import TLS_SUPPORTED, self_signed
+from fault_server._wire_tls import TLS_SUPPORTED, self_signed
 from stallproof._pool import Wire
 from stallproof._proxy import proxy_routes
 
