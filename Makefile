@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 FW_VENV := .venv-frameworks
 FW_STAMP := $(FW_VENV)/.installed
 
-.PHONY: demo test test-frameworks lint typecheck bench clean
+.PHONY: demo test test-quick test-stress test-frameworks lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,9 +26,22 @@ $(FW_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python scripts/proof_demo.py
 
-## The whole test suite (what CI runs).
+# pytest-xdist workers: one per core. Most of the suite's time is real deadlines waiting,
+# which overlap; every worker starts its own session fault server.
+WORKERS ?= auto
+
+## The whole test suite (what CI runs), in parallel.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal
+
+## The loop for local work (under a minute): everything but the tests marked `slow`.
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal -m "not slow and not frameworks"
+
+## The suite RUNS times while two busy loops keep both cores loaded (scripts/stress_tests.py).
+RUNS ?= 5
+test-stress: $(STAMP)
+	$(BIN)/python scripts/stress_tests.py --runs $(RUNS)
 
 ## The recipe per framework (openai-agents, pydantic-ai, langchain, autogen, litellm, dspy,
 ## instructor, llama-index) against the fault server, in their own venv.

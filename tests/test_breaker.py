@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anyio
@@ -37,15 +36,12 @@ async def test_open_circuit_fails_fast_without_touching_the_server(
     (circuit,) = client.circuits().values()
     assert circuit.state == "open" and circuit.failures >= 3
     before = fault_server.stats()
-    n = 200
-    start = time.perf_counter()
-    for _ in range(n):
+    # How fast a refusal is, is for benchmarks/breaker.py; here, that none reaches the server.
+    for _ in range(200):
         with pytest.raises(stallproof.CircuitOpen) as info:
             await client.chat.completions.create(
                 model="m", messages=MSGS, extra_headers=fault("status;code=503", fault_key)
             )
-    per_call = (time.perf_counter() - start) / n
-    assert per_call < 0.001, f"{per_call * 1e6:.0f} us per refused call"
     assert 29 < info.value.retry_in <= 30
     after = fault_server.stats()
     assert after.connections_accepted == before.connections_accepted

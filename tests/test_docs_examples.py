@@ -73,6 +73,7 @@ def test_runnable_examples_are_tests_that_import_only_what_stallproof_installs(
     assert not foreign, f"{name} imports {sorted(foreign)}, which a fresh project lacks"
 
 
+@pytest.mark.slow
 def test_runnable_examples_pass_in_a_fresh_project(tmp_path: Path) -> None:
     for name, code in RUNNABLE:
         (tmp_path / f"test_{name}.py").write_text(code, encoding="utf-8")

@@ -26,6 +26,7 @@ def test_help_lists_every_mode() -> None:
     assert "serve:" in shown.stdout and "proxy:" in shown.stdout
 
 
+@pytest.mark.slow
 def test_flags_may_come_before_the_mode(fault_server: ServerThread) -> None:
     with cli_server("proxy", "--upstream", fault_server.url()) as (base_url, _):
         answer = raw_exchange(base_url, http_request("GET", "/v1/models"))

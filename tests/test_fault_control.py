@@ -18,6 +18,7 @@ import pytest
 
 from fault_server import FaultScope, FaultSpecError, KeyStats, ServerThread, Verdict
 
+from .conftest import wait_until_sync
 from .test_fault_server import (
     CHAT,
     ROOT,
@@ -310,9 +311,7 @@ def leave(raw: Raw, *, reset: bool) -> None:
 
 
 def wait_closed(srv: ServerThread) -> None:
-    deadline = time.monotonic() + 3
-    while srv.stats().connections_open and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until_sync(lambda: not srv.stats().connections_open, what="every connection closed")
 
 
 def test_the_journal_says_what_each_connection_did(own: ServerThread) -> None:
@@ -354,7 +353,8 @@ def test_the_journal_says_what_each_connection_did(own: ServerThread) -> None:
 def test_verdict_gave_up_and_dangling(own: ServerThread) -> None:
     raw = Raw(own)
     raw.send(request(chat_path(own, "half_open", key="v", hold=5), CHAT))
-    time.sleep(0.25)
+    wait_until_sync(lambda: own.key_stats("v").requests == 1, what="the server saw the request")
+    time.sleep(0.25)  # the interval between the two attempts the verdict must report
     leave(raw, reset=False)
     with Raw(own) as raw:
         raw.send(request(chat_path(own, "half_open", key="v", hold=0.2), CHAT))

@@ -81,6 +81,7 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1]
 
 
+@pytest.mark.slow
 def test_queries_on_50k_requests_add_under_50_ms_to_other_connections(full: str) -> None:
     probe = Probe(full)
     baseline = probe.run(1.0)
@@ -119,6 +120,7 @@ def test_queries_on_50k_requests_add_under_50_ms_to_other_connections(full: str)
     assert sum(len(c["requests"]) for c in keyed["connections"]) == FILL // KEYS  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_the_journal_pages_through_everything_once_in_order() -> None:
     with running() as srv:
         fill(srv.base_url, 2500, keys=10, per_connection=700)
@@ -168,26 +170,33 @@ def own_server() -> Iterator[ServerThread]:
 
 # -- the pytest plugin forgets each test's key: these two run in this order -----------------
 
-_LEFT_BEHIND: list[str] = []
 
+def test_plugin_forgets_a_tests_key_before_the_next_test(pytester: pytest.Pytester) -> None:
+    """One session of the plugin: a test leaves requests and a rule under its key; the next
+    test finds none of it. (Its own session: under pytest-xdist, two tests of ours may run
+    in different workers, each with its own server.)"""
+    pytester.makepyfile(
+        """
+        import httpx
 
-def test_plugin_a_test_leaves_requests_under_its_key(
-    fault_server: ServerThread, fault_key: str
-) -> None:
-    raw_exchange(
-        fault_server.base_url, http_request("GET", "/v1/models", b"", {"X-Fault-Key": fault_key})
+        LEFT_BEHIND = []
+
+        def test_leaves_requests_under_its_key(fault_server, fault_key):
+            headers = {"X-Fault-Key": fault_key}
+            httpx.get(fault_server.url() + "/models", headers=headers).raise_for_status()
+            fault_server.scenario("status", code=500, key=fault_key)
+            assert fault_server.journal(fault_key) != ()
+            LEFT_BEHIND.append(fault_key)
+
+        def test_finds_that_key_forgotten(fault_server):
+            (key,) = LEFT_BEHIND
+            assert fault_server.journal(key) == ()
+            assert fault_server.key_stats(key).requests == 0
+            assert fault_server.scenarios(key) == ()
+        """
     )
-    fault_server.scenario("status", code=500, key=fault_key)
-    assert fault_server.journal(fault_key) != ()
-    _LEFT_BEHIND.append(fault_key)
-
-
-def test_plugin_the_next_test_finds_that_key_forgotten(fault_server: ServerThread) -> None:
-    assert _LEFT_BEHIND, "runs after test_plugin_a_test_leaves_requests_under_its_key"
-    key = _LEFT_BEHIND[0]
-    assert fault_server.journal(key) == ()
-    assert fault_server.key_stats(key).requests == 0
-    assert fault_server.scenarios(key) == ()
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
 
 
 # -- bounded memory --------------------------------------------------------------------------
@@ -208,6 +217,7 @@ def journal_with(limits: JournalLimits, requests: int, text: int) -> Journal:
     return journal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [0, 40, 2000])
 def test_the_journal_stays_within_its_byte_budget_by_measure(text: int) -> None:
     limits = JournalLimits(requests=1_000_000, connections=1_000_000, bytes=2 * 1024 * 1024)

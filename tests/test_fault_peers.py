@@ -329,6 +329,7 @@ def cli(*args: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 @needs_tls
 def test_cli_tls_and_replay(tmp_path: Path) -> None:
     proc = cli("--tls")

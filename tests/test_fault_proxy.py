@@ -216,6 +216,7 @@ def test_every_fault_through_the_proxy_ends_cleanly(proxy: ServerThread) -> None
     assert time.monotonic() - start < 3
 
 
+@pytest.mark.slow
 def test_cli_proxy(upstream: ServerThread) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
     proc = subprocess.Popen(

@@ -813,6 +813,7 @@ def test_client_leaving_ends_the_fault(own: ServerThread) -> None:
         assert own.stats().connections_open == 0, fault
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reset_it", [False, True])
 def test_clients_leaving_anywhere_leave_nothing_behind(own: ServerThread, reset_it: bool) -> None:
     """Every fault, stream or not, with the client gone mid-request or mid-response."""
@@ -897,6 +898,7 @@ def never_retrieved(records: list[logging.LogRecord]) -> list[str]:
     return [r.getMessage() for r in records if "never retrieved" in r.getMessage()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "params", "payload"), HELD, ids=[h[0] for h in HELD])
 def test_stopping_after_a_client_left_a_held_fault_leaves_no_task_behind(
     caplog: pytest.LogCaptureFixture, fault: str, params: dict[str, Any], payload: object
@@ -912,6 +914,7 @@ def test_stopping_after_a_client_left_a_held_fault_leaves_no_task_behind(
         assert never_retrieved(caplog.records) == []
 
 
+@pytest.mark.slow
 def test_stopping_after_httpx_gave_up_leaves_no_task_behind(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -990,6 +993,7 @@ def test_usable_from_trio(srv: ServerThread) -> None:
     assert trio.run(main) == [": keep-alive"]
 
 
+@pytest.mark.slow
 def test_cli(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
     listing = subprocess.run(

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import stallproof
 
-from .conftest import KEY, spying_client
+from .conftest import KEY, spying_client, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -214,6 +214,7 @@ async def test_secrets_never_reach_spans_or_logs(
         assert getattr(record, "stallproof_request_id", None), record.getMessage()
 
 
+@pytest.mark.slow
 async def test_inflight_shows_where_each_call_is_stuck(fault_server: Any, make_client: Any) -> None:
     """20 calls: stuck before headers, stuck mid-stream, and slow-but-alive streams."""
     client = make_client(fault_server.url(), timeout=stallproof.Timeouts(total=10))
@@ -226,7 +227,7 @@ async def test_inflight_shows_where_each_call_is_stuck(fault_server: Any, make_c
 
     async def run(kind: str) -> None:
         spec, stream = kinds[kind]
-        with anyio.move_on_after(2.5):
+        with anyio.move_on_after(8):
             if stream:
                 s = await client.chat.completions.create(
                     model="m",
@@ -242,12 +243,25 @@ async def test_inflight_shows_where_each_call_is_stuck(fault_server: Any, make_c
                     model="m", messages=MSGS, agent=kind, extra_headers={"X-Fault": spec}
                 )
 
+    snapshot: tuple[stallproof.InflightCall, ...] = ()
+
+    def settled() -> bool:
+        # The stuck calls have been stuck for 0.8 s; the slow streams have made progress.
+        nonlocal snapshot
+        snapshot = client.inflight(stalled_after=0.8)
+        slow = [c for c in snapshot if c.agent == "slow"]
+        return (
+            len(snapshot) == 20
+            and sum(c.stalled for c in snapshot) == 15
+            and all(c.content_chunks >= 5 for c in slow)
+        )
+
     async with anyio.create_task_group() as tg:
         for i in range(20):
             tg.start_soon(run, list(kinds)[i % 4])
-        await anyio.sleep(1.5)
-        snapshot = client.inflight(stalled_after=0.8)
+        await wait_until(settled, timeout=5, what="15 calls stalled, 5 streaming")
         text = stallproof.format_inflight(snapshot)
+        tg.cancel_scope.cancel()
     assert len(snapshot) == 20
     by_agent: dict[str, set[tuple[str, bool]]] = {}
     for c in snapshot:
@@ -271,7 +285,7 @@ async def test_tag_context_variable_flows_into_calls(fault_server: Any, make_cli
     seen: list[stallproof.InflightCall] = []
 
     async def watch() -> None:
-        await anyio.sleep(0.2)
+        await wait_until(lambda: bool(client.inflight()), what="a call in flight")
         seen.extend(client.inflight())
 
     async with anyio.create_task_group() as tg:
@@ -292,13 +306,17 @@ async def test_sigusr1_dumps_the_table(fault_server: Any, make_client: Any) -> N
         async with anyio.create_task_group() as tg:
 
             async def call() -> None:
-                with anyio.move_on_after(1):
+                with anyio.move_on_after(8):
                     await client.chat.completions.create(model="m", messages=MSGS, agent="x")
 
             tg.start_soon(call)
-            await anyio.sleep(0.4)
+            await wait_until(
+                lambda: any(c.stalled for c in client.inflight(stalled_after=0.1)),
+                what="the call stalled",
+            )
             os.kill(os.getpid(), signal.SIGUSR1)
-            await anyio.sleep(0.05)
+            await wait_until(lambda: "in flight" in out.getvalue(), what="the table dumped")
+            tg.cancel_scope.cancel()
     finally:
         restore()
     text = out.getvalue()

@@ -189,6 +189,7 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 async def test_agent_code_sees_the_same_with_openai_and_stallproof(fault_server: Any) -> None:
     base = fault_server.url()
     urls = {

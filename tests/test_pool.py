@@ -84,6 +84,7 @@ async def burst(client: httpx.AsyncClient, url: str, calls: int) -> list[str]:
     return errors
 
 
+@pytest.mark.slow
 async def test_bursts_of_timeouts_leave_no_dead_slot(fault_server: Any) -> None:
     """Three bursts of 400 stalled calls (default Limits: 100 connections), each cut by
     total=0.5 s, then a call the server answers at once: it gets a connection and its
@@ -172,6 +173,7 @@ async def test_idle_connections_are_capped_and_reused(fault_server: Any) -> None
         assert pool.stats() == stats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_httpcore_bricks_under_the_same_burst(fault_server: Any) -> None:
     """Evidence for the test above: httpcore's own pool (plain httpx, asyncio) is left with
@@ -195,6 +197,7 @@ async def test_httpcore_bricks_under_the_same_burst(fault_server: Any) -> None:
         assert orphans  # ...yet these slots are taken, by nobody, for ever
 
 
+@pytest.mark.slow
 async def test_2000_stalled_calls_end_typed_and_on_time(black_hole: str) -> None:
     """2,000 calls at once with total=1 s against a server that never answers: every call
     raises TotalTimeout, and the p99 of how late they end is no more than the time the loop
@@ -293,6 +296,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds in /proc")
 async def test_tls_handshake_cut_by_the_deadline_closes_the_socket_at_once() -> None:
     """20 calls whose TLS handshake the deadline cuts: with the garbage collector off, every
@@ -466,6 +470,7 @@ async def test_lookups_of_one_name_share_one_thread() -> None:
         dns.close()
 
 
+@pytest.mark.slow
 def test_hung_lookups_do_not_hold_up_shutdown() -> None:
     """``asyncio.run`` of a program whose 12 lookups hang returns, and the process exits,
     at once: the lookup threads are daemons of ours, not the loop's default executor (which

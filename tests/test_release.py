@@ -121,6 +121,7 @@ async def test_healthy_connections_are_reused(fault_server: Any, make_client: An
     assert (state.idle, state.connections) == (1, 1), state
 
 
+@pytest.mark.slow
 async def test_errors_after_faults_leave_the_pool_usable(
     fault_server: Any, make_client: Any
 ) -> None:

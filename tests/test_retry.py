@@ -88,6 +88,7 @@ async def test_retry_after_that_cannot_fit_fails_at_once(
     assert fault_server.key_stats(fault_key).requests == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_token", [0.7, 10.0])
 async def test_stalled_server_ends_within_total_whatever_the_attempt_bounds(
     first_token: float, fault_server: Any, make_client: Any

@@ -39,6 +39,7 @@ async def ask(client: openai.AsyncOpenAI, **kwargs: Any) -> Any:
     return await client.chat.completions.create(model="m", messages=MSGS, **kwargs)
 
 
+@pytest.mark.slow
 def test_importing_stallproof_imports_no_optional_sdk() -> None:
     # openai is a dependency (its types and errors are ours); anthropic is an extra,
     # imported only when its face is used.
