@@ -40,7 +40,9 @@ LIMITS = stallproof.Limits(max_response_bytes=2 * 1024 * 1024, max_line_bytes=25
 PARAMS: dict[str, dict[str, Any]] = {
     "huge_body": {"size": 8 * 1024 * 1024},
     "token_rate": {"tps": 50},
-    "slicer": {"interval": 0.001},
+    # Slices of 32 bytes: a few hundred writes, which a loaded machine schedules within the
+    # budget (8-byte slices, a thousand sleeps, did not always).
+    "slicer": {"interval": 0.001, "size": 32},
     "rate_limit": {"limit": 1000},  # one shared bucket for every case here: never empty
 }
 TOOLS = [{"type": "function", "function": {"name": "save", "parameters": {"type": "object"}}}]

@@ -45,11 +45,12 @@ def _feed_time(line_bytes: int) -> float:
     for _ in range(3):
         decoder = SSEDecoder(max_line_bytes=4 * 1024 * 1024)
         piece = b"x" * 64
-        start = time.perf_counter()
+        # This thread's CPU time: other processes on a busy machine do not count.
+        start = time.thread_time()
         for _ in range(line_bytes // 64):
             list(decoder.feed(piece))
         list(decoder.feed(b"\n\n"))
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.thread_time() - start)
     return best
 
 
