@@ -4,7 +4,7 @@ An open circuit refuses a call before it touches the pool or the network; this m
 cheap that refusal is. One client against the healthy fault server (in this process's
 thread): ``--calls`` healthy calls, then the circuit is opened with three 503s and
 ``--calls`` refused calls. Both are timed in the same run, and the ratio is what to compare
-across machines (tests/test_breaker.py checks the behaviour: no request reaches the server).
+across machines (tests/client/test_breaker.py checks the behaviour: no request reaches the server).
 
     PYTHONPATH=src:. python benchmarks/breaker.py [--calls 2000]
 """

@@ -20,7 +20,7 @@ import pytest
 import stallproof
 from stallproof import Timeouts
 
-from ..conftest import MARGIN
+from ..support.timing import MARGIN
 
 # litellm (and dspy through it) fetches its model price map from the network at import
 # unless told to use the copy it ships; this machine has no network to wait for.

@@ -10,7 +10,7 @@ import pytest
 
 import stallproof
 
-from ..conftest import stopwatch
+from ..support.timing import stopwatch
 from .conftest import (
     BUDGET,
     HALF_OPEN,

@@ -8,7 +8,7 @@ import openai
 import pydantic
 import pytest
 
-from ..conftest import stopwatch
+from ..support.timing import stopwatch
 from .conftest import (
     BUDGET,
     LATE,

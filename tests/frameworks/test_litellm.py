@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ..conftest import stopwatch
+from ..support.timing import stopwatch
 from .conftest import (
     BUDGET,
     KEY,

@@ -14,7 +14,7 @@ from typing import Any
 import openai
 import pytest
 
-from ..conftest import stopwatch
+from ..support.timing import stopwatch
 from .conftest import BUDGET, HALF_OPEN, KEY, LATE, Hardened, require, stallproof_cause
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.anyio]

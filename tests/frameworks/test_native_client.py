@@ -15,7 +15,8 @@ import pytest
 
 import stallproof
 
-from ..conftest import MARGIN, assert_pool_clean, stopwatch
+from ..support.clients import assert_pool_clean
+from ..support.timing import MARGIN, stopwatch
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.anyio]
 

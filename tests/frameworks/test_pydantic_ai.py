@@ -7,7 +7,7 @@ from typing import Any
 import openai
 import pytest
 
-from ..conftest import stopwatch
+from ..support.timing import stopwatch
 from .conftest import (
     BUDGET,
     LATE,

@@ -1,0 +1,163 @@
+"""An API key never leaves the request: not in a message, repr, args, log line, span, dump,
+or anything an error's ``__cause__``/``__context__`` chain holds on to.
+
+Real sockets throughout (tests/support/rawserver.py); the key is `KEY` from tests/support/clients.py.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import httpx2
+import openai
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import stallproof
+
+from ..support.clients import KEY
+from ..support.rawserver import always, response
+
+pytestmark = pytest.mark.anyio
+
+MSGS = [{"role": "user", "content": "hello there"}]
+BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+
+
+def chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and every exception reachable through __cause__ and __context__."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__]
+
+
+def assert_no_key(error: BaseException) -> None:
+    """Nothing an error chain shows or holds (messages, args, requests) has the key."""
+    for e in chain(error):
+        assert KEY not in str(e) and KEY not in repr(e) and KEY not in repr(e.args), type(e)
+        request = e.__dict__.get("_request") or e.__dict__.get("request")
+        if request is not None:
+            held = str(request.url) + repr(list(request.headers.multi_items()))
+            assert KEY not in held, (type(e), held)
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """Every log record at DEBUG, ours and the HTTP libraries' alike."""
+    caplog.set_level(logging.DEBUG)
+    return caplog
+
+
+@pytest.mark.parametrize("bad", [f"{KEY}\n", f" {KEY}", f"{KEY}\t", f"{KEY}\r\n"])
+def test_an_api_key_with_whitespace_is_refused_without_echo(bad: str) -> None:
+    with pytest.raises(stallproof.InvalidRequestError, match="api_key") as e:
+        stallproof.Client(base_url="http://127.0.0.1:1/v1", api_key=bad)
+    assert_no_key(e.value)
+
+
+@pytest.fixture(params=["httpx", "httpx2"])
+def lib(request: pytest.FixtureRequest) -> Any:
+    return httpx if request.param == "httpx" else httpx2
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("authorization", f"Bearer {KEY}\n"),
+        ("authorization", f"Bearer {KEY} "),
+        ("api-key", f"{KEY}\r"),
+        ("x-api-key", f"{KEY}\x00"),
+    ],
+)
+async def test_a_bad_secret_header_through_a_transport_is_refused_by_name(
+    name: str, value: str, lib: Any, raw_server: Any, logs: pytest.LogCaptureFixture
+) -> None:
+    srv = raw_server(always(response(200, b"{}")))
+    make = stallproof.http_client if lib is httpx else stallproof.http_client2
+    async with make(timeout=5, retry=None) as client:
+        with pytest.raises(stallproof.InvalidRequestError) as e:
+            await client.post(srv.url + "/chat/completions", headers={name: value}, content=BODY)
+    assert isinstance(e.value, lib.LocalProtocolError)
+    assert name in str(e.value) and e.value.stallproof_request_id
+    assert_no_key(e.value)
+    assert KEY not in logs.text
+    assert srv.requests == []  # refused before anything was sent
+
+
+async def test_a_bad_extra_header_on_client_is_refused_by_name(
+    raw_server: Any, make_client: Any, logs: pytest.LogCaptureFixture
+) -> None:
+    srv = raw_server(always(response(200, b"{}")))
+    client = make_client(srv.url)
+    with pytest.raises(stallproof.InvalidRequestError, match="x-api-key") as e:
+        await client.chat.completions.create(
+            model="m", messages=MSGS, extra_headers={"x-api-key": f"{KEY}\n"}
+        )
+    assert_no_key(e.value)
+    assert KEY not in logs.text
+
+
+async def test_userinfo_in_base_url_shows_nowhere(
+    raw_server: Any, make_client: Any, logs: pytest.LogCaptureFixture
+) -> None:
+    srv = raw_server(always(response(503, b'{"error": {"message": "down"}}')))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    url = srv.url.replace("http://", f"http://user:{KEY}@")
+    client = make_client(url, tracer_provider=provider, breaker=stallproof.Breaker())
+    assert KEY not in repr(client)
+    with pytest.raises(stallproof.InternalServerError) as e:
+        await client.chat.completions.create(model="m", messages=MSGS)
+    assert_no_key(e.value)
+    assert all(KEY not in upstream for upstream in client.circuits())
+    dump = io.StringIO()
+    dump.write(stallproof.format_inflight(client.inflight(), now_label=repr(client)))
+    assert KEY not in dump.getvalue()
+    attributes = [str(dict(s.attributes or {})) for s in exporter.get_finished_spans()]
+    assert attributes and all(KEY not in a for a in attributes)
+    assert any("url.full" in a for a in attributes)
+    assert KEY not in logs.text
+
+
+async def test_the_sdk_error_chain_holds_no_authorization_header(raw_server: Any) -> None:
+    """openai keeps our error as __cause__ of its APIConnectionError; what it holds of the
+    request has the key replaced."""
+    srv = raw_server(always([response(200, b"", {"content-length": "100"}), b"{", 10.0]))
+    http = stallproof.http_client2(timeout=stallproof.Timeouts(total=0.5), retry=None)
+    sdk = openai.AsyncOpenAI(api_key=KEY, base_url=srv.url, http_client=http, max_retries=0)
+    async with http:
+        with pytest.raises(openai.APIConnectionError) as e:
+            await sdk.chat.completions.create(model="m", messages=MSGS)  # type: ignore[arg-type]
+    cause = e.value.__cause__
+    assert isinstance(cause, stallproof.TotalTimeout)
+    assert cause.request.headers["authorization"] == "[redacted]"  # type: ignore[attr-defined]
+    assert_no_key(cause)
+
+
+async def test_a_user_http_client_error_chain_holds_no_request(
+    raw_server: Any, make_client: Any
+) -> None:
+    """Errors from a caller's httpx client are translated without keeping httpx's error
+    (whose .request has the Authorization header) as __context__."""
+    srv = raw_server(always([response(200, b"", {"content-length": "100"}), b"{"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the once-per-process pool warning
+        client = make_client(srv.url, http_client=httpx.AsyncClient())
+    with pytest.raises(stallproof.TruncatedResponse) as e:
+        await client.chat.completions.create(model="m", messages=MSGS)
+    assert_no_key(e.value)
+    assert not any(isinstance(x, httpx.HTTPError) for x in chain(e.value))

@@ -1,0 +1,59 @@
+"""The ``fault-server`` command line: modes in any order, --help, --list, the control token."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fault_server import FAULTS, ServerThread
+
+from ..support.wire import cli_server, http_request, raw_exchange
+
+TOKEN = "cli-SECRET-token-42"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "fault_server", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=20, check=False)
+
+
+def test_help_lists_every_mode() -> None:
+    shown = run_cli("--help")
+    assert shown.returncode == 0
+    assert "{serve,proxy}" in shown.stdout
+    assert "serve:" in shown.stdout and "proxy:" in shown.stdout
+
+
+@pytest.mark.slow
+def test_flags_may_come_before_the_mode(fault_server: ServerThread) -> None:
+    with cli_server("proxy", "--upstream", fault_server.url()) as (base_url, _):
+        answer = raw_exchange(base_url, http_request("GET", "/v1/models"))
+    assert answer.status == 200, answer
+
+
+def test_proxy_without_an_upstream_is_a_usage_error() -> None:
+    refused = run_cli("--port", "0", "proxy")
+    assert refused.returncode == 2
+    assert "proxy mode needs --upstream" in refused.stderr
+
+
+def test_list_counts_the_faults_without_healthy() -> None:
+    listing = run_cli("--list")
+    assert listing.returncode == 0
+    assert listing.stdout.splitlines()[0] == f"{len(FAULTS) - 1} faults, and healthy:"
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_the_control_token_from_a_flag_or_the_environment(how: str) -> None:
+    args = ("--control-token", TOKEN) if how == "flag" else ()
+    env = {**os.environ, "FAULT_SERVER_CONTROL_TOKEN": TOKEN} if how == "env" else None
+    with cli_server(*args, env=env) as (base_url, _):
+        refused = raw_exchange(base_url, http_request("GET", "/_fault/stats"))
+        allowed = raw_exchange(
+            base_url, http_request("GET", "/_fault/stats", b"", {"X-Fault-Token": TOKEN})
+        )
+    assert refused.status == 401, refused
+    assert allowed.status == 200, allowed

@@ -1,0 +1,12 @@
+"""Helpers every test group shares: what a test needs to drive, time and check a client.
+
+- `timing`: `MARGIN`, `stopwatch`, `wait_until` (poll, never a fixed sleep), `SentClock`.
+- `clients`: `KEY`, `warm`, `complete`, pool checks (`pool_state`, `assert_pool_clean`),
+  `spying_client` (what went on the wire, through an ``http_client`` event hook).
+- `rawserver`: a socket server answering with exact bytes, for malformed answers.
+- `wire`: raw HTTP/1.1 over sockets to a fault server, and the CLI server in a subprocess.
+- `messages_server`: a misbehaving Anthropic Messages server.
+- `fleet`: a real redis-server and worker processes (`fleet_worker.py`) for fleet state.
+
+Fixtures live in the conftest.py of the group that uses them (tests/conftest.py for all).
+"""
