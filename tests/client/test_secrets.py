@@ -1,7 +1,7 @@
 """An API key never leaves the request: not in a message, repr, args, log line, span, dump,
 or anything an error's ``__cause__``/``__context__`` chain holds on to.
 
-Real sockets throughout (tests/support/rawserver.py); the key is `KEY` from tests/support/clients.py.
+Real sockets throughout (tests/support/rawserver.py); the key is `KEY` from support/clients.
 """
 
 from __future__ import annotations
