@@ -9,7 +9,8 @@ margins hold on a loaded CI runner, not only on an idle laptop::
 Each run is the suite as `make test` runs it (pytest-xdist, 4 workers), bounded by
 ``--timeout`` seconds. The busy loops are started before the first run and ended (by their
 pids) after the last, whatever happens. Prints one line per run and the tests that failed in
-any run; exits 1 if any run failed.
+any run (each run's whole output is kept in a temporary directory); exits 1 if any run
+failed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,16 +33,21 @@ def burners(n: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-def run_once(pytest_args: list[str], timeout: float) -> tuple[bool, float, list[str], str]:
-    """One run of the suite: passed, seconds, failed test ids, the summary line."""
+def run_once(
+    pytest_args: list[str], timeout: float, log: Path
+) -> tuple[bool, float, list[str], str]:
+    """One run of the suite, its output kept in ``log``: passed, seconds, failed test ids,
+    the summary line."""
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
     start = time.monotonic()
     try:
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode()
+        log.write_text(out)
         return False, time.monotonic() - start, FAILED.findall(out), f"timed out after {timeout}s"
     elapsed = time.monotonic() - start
+    log.write_text(proc.stdout + proc.stderr)
     lines = proc.stdout.strip().splitlines()
     summary = lines[-1] if lines else f"exit {proc.returncode}"
     return proc.returncode == 0, elapsed, FAILED.findall(proc.stdout), summary
@@ -67,10 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     pytest_args = args.pytest_args or ["-n", "4", "--dist", "worksteal"]
     failures: dict[str, int] = {}
     passed = 0
+    logs = Path(tempfile.mkdtemp(prefix="stallproof-stress-"))
+    print(f"each run's output: {logs}/run-N.log")
     busy = burners(args.burners)
     try:
         for i in range(1, args.runs + 1):
-            ok, elapsed, failed, summary = run_once(pytest_args, args.timeout)
+            log = logs / f"run-{i}.log"
+            ok, elapsed, failed, summary = run_once(pytest_args, args.timeout, log)
             passed += ok
             for test in failed:
                 failures[test] = failures.get(test, 0) + 1

@@ -46,8 +46,10 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 # load: p99 0.44-2.34 s with start spreads of 1.25-2.51 s (p99 never above the spread by
 # more than 0.1 s). A pool whose work per arrival or departure grows with the queue ends
 # them seconds to minutes late instead (httpcore: p99 21 s at 1,000 calls). Absolute
-# numbers on a quiet machine are in benchmarks/scale.py.
-SCALE_SLACK = float(os.environ.get("STALLPROOF_SCALE_SLACK", "0.5"))
+# numbers on a quiet machine are in benchmarks/scale.py. With both cores busy besides
+# (scripts/stress_tests.py), 0.5 s was not always enough: the ends of 2,000 calls compete
+# for half a core. A pool that grows with the queue is still seconds late.
+SCALE_SLACK = float(os.environ.get("STALLPROOF_SCALE_SLACK", "1.0"))
 
 
 @pytest.fixture

@@ -111,8 +111,10 @@ def test_queries_on_50k_requests_add_under_50_ms_to_other_connections(full: str)
         stop.set()
         worker.join(30)
     probe.sock.close()
-    added = p95(during) - statistics.median(baseline)
-    assert added < 0.05, (added, p95(during), statistics.median(baseline), max(costs))
+    # p95 against p95: on a loaded machine the baseline has its own tail, which the queries
+    # do not cause.
+    added = p95(during) - p95(baseline)
+    assert added < 0.05, (added, p95(during), p95(baseline), max(costs))
     assert len(costs) >= 8, costs  # the queries ran, and each was quick
     verdict = seen["/_fault/verdict?key=k7"]
     assert isinstance(verdict, dict) and verdict["attempts"] == FILL // KEYS
