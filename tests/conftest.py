@@ -63,6 +63,3 @@ def raw_server() -> Iterator[Any]:
     yield factory
     for server in servers:
         server.close()
-
-
-# -- Redis, for fleet state (RedisState) ---------------------------------------------------

@@ -6,13 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from ..support.fleet import FleetWorkers, RedisServer, _started_redis
+from ..support.fleet import FleetWorkers, RedisServer, started_redis
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """One redis-server for the session (tests keep apart by `redis_prefix`)."""
-    server = _started_redis()
+    server = started_redis()
     try:
         yield server
     finally:
@@ -22,7 +22,7 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture
 def own_redis() -> Iterator[RedisServer]:
     """A redis-server of this test alone, for tests that kill and restart it."""
-    server = _started_redis()
+    server = started_redis()
     try:
         yield server
     finally:

@@ -1,7 +1,9 @@
 """Fixtures of the fault server tests.
 
-`no_server_errors` is opt-in (``pytestmark = pytest.mark.usefixtures("no_server_errors")``):
-the overload tests make the server log errors on purpose.
+`no_server_errors` is opt-in, per module (``pytestmark =
+pytest.mark.usefixtures("no_server_errors")``), as it was before the tests were grouped;
+making it autouse for the whole group is a separate change.
+`upstream` and `proxy` are one upstream server and a proxy in front of it, per module.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ class RedisServer:
             self._proc = None
 
 
-def _started_redis(port: int | None = None) -> RedisServer:
+def started_redis(port: int | None = None) -> RedisServer:
     if REDIS_BINARY is None:
         pytest.skip(
             "redis-server is not installed (apt-get install redis-server): the fleet tests"
