@@ -161,7 +161,8 @@ async def test_a_flood_of_tiny_keepalives_does_not_delay_first_token(
     with stopwatch() as elapsed, pytest.raises(stallproof.FirstTokenTimeout) as e:
         await client.chat.completions.create(model="m", messages=MSGS, stream=True)
     # The flooding server is a thread of this process and competes for the GIL and the
-    # CPU, so this test allows more than the usual margin (before the fix, a gzip flood
-    # ran to the 10 s total).
-    assert limit <= elapsed[0] <= limit + 5 * MARGIN, (elapsed[0], e.value.elapsed)
+    # CPU (with both cores busy besides, the bound was seen to end 1.8 s late), so this test
+    # allows far more than the usual margin: what it shows is that the flood does not hold
+    # the bound off (before the fix, a gzip flood ran to the 10 s total).
+    assert limit <= elapsed[0] <= limit + 10 * MARGIN, (elapsed[0], e.value.elapsed)
     assert_pool_clean(client)
