@@ -6,6 +6,7 @@
 - `rawserver`: a socket server answering with exact bytes, for malformed answers.
 - `wire`: raw HTTP/1.1 over sockets to a fault server, and the CLI server in a subprocess.
 - `messages_server`: a misbehaving Anthropic Messages server.
+- `proxyserver`: a forward/CONNECT/SOCKS5 proxy on loopback.
 - `fleet`: a real redis-server and worker processes (`fleet_worker.py`) for fleet state.
 
 Fixtures live in the conftest.py of the group that uses them (tests/conftest.py for all).

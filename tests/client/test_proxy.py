@@ -2,7 +2,7 @@
 an explicit ``proxy=``; forward (http://), CONNECT (https://) and SOCKS5, with credentials
 that show nowhere; and every bound holding through a proxy that stalls, stays silent or
 refuses, with nothing held afterwards. Over a real proxy on loopback
-(tests/proxyserver.py), asyncio and trio."""
+(tests/support/proxyserver.py), asyncio and trio."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ from fault_server._wire_tls import TLS_SUPPORTED, self_signed
 from stallproof._pool import Wire
 from stallproof._proxy import proxy_routes
 
-from .conftest import KEY, MARGIN, assert_pool_clean, pool_state, stopwatch
-from .proxyserver import ProxyServer
+from ..support.clients import KEY, assert_pool_clean, pool_state
+from ..support.proxyserver import ProxyServer
+from ..support.timing import MARGIN, stopwatch
 
 pytestmark = pytest.mark.anyio
 
