@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,17 +41,32 @@ def run_once(
     the summary line."""
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
     start = time.monotonic()
+    # Its own process group, so that the run and its xdist workers end together whatever
+    # ends this script (a timeout, Ctrl-C, SIGTERM).
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode()
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
         log.write_text(out)
         return False, time.monotonic() - start, FAILED.findall(out), f"timed out after {timeout}s"
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     elapsed = time.monotonic() - start
-    log.write_text(proc.stdout + proc.stderr)
-    lines = proc.stdout.strip().splitlines()
+    log.write_text(out)
+    lines = out.strip().splitlines()
     summary = lines[-1] if lines else f"exit {proc.returncode}"
-    return proc.returncode == 0, elapsed, FAILED.findall(proc.stdout), summary
+    return proc.returncode == 0, elapsed, FAILED.findall(out), summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     pytest_args = args.pytest_args or ["-n", "4", "--dist", "worksteal"]
     failures: dict[str, int] = {}
     passed = 0
+    # SIGTERM ends the script through its `finally`, as Ctrl-C does: no busy loop outlives it.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     logs = Path(tempfile.mkdtemp(prefix="stallproof-stress-"))
     print(f"each run's output: {logs}/run-N.log")
     busy = burners(args.burners)
