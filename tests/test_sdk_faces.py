@@ -19,7 +19,6 @@ import stallproof.anthropic
 import stallproof.openai
 
 from .conftest import KEY, MARGIN, SentClock, sdk_pool_held, stopwatch
-from .messages_server import running_messages_server
 
 pytestmark = pytest.mark.anyio
 
@@ -203,19 +202,21 @@ async def test_a_face_takes_a_stallproof_http_client(fault_server: Any) -> None:
         assert (await ask(client)).choices
 
 
-async def test_anthropic_copies_share_the_engine_and_stream_helpers_work() -> None:
-    with running_messages_server() as server:
-        async with stallproof.anthropic.AsyncAnthropic(
-            api_key=KEY, base_url=server.url(), timeout=BUDGET
-        ) as client:
-            copy = client.with_options(timeout=5)
-            assert copy.engine is client.engine and copy.timeouts.total == 5
-            async with copy.messages.stream(
-                model="claude-test", max_tokens=16, messages=MSGS
-            ) as stream:
-                text = await stream.get_final_text()
-            assert text == "Hi"
-            assert sdk_pool_held(client) == {"requests": 0, "active": 0}
+async def test_anthropic_copies_share_the_engine_and_stream_helpers_work(
+    fault_server: Any,
+) -> None:
+    base_url = fault_server.url().removesuffix("/v1")  # the SDK adds /v1/messages
+    async with stallproof.anthropic.AsyncAnthropic(
+        api_key=KEY, base_url=base_url, timeout=BUDGET
+    ) as client:
+        copy = client.with_options(timeout=5)
+        assert copy.engine is client.engine and copy.timeouts.total == 5
+        async with copy.messages.stream(
+            model="claude-test", max_tokens=16, messages=MSGS
+        ) as stream:
+            text = await stream.get_final_text()
+        assert text.startswith("echo: hi")  # the fault server echoes the last message
+        assert sdk_pool_held(client) == {"requests": 0, "active": 0}
 
 
 async def test_caller_cancellation_mid_stream_releases_everything(fault_server: Any) -> None:

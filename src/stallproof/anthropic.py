@@ -19,7 +19,6 @@ Needs ``pip install 'stallproof[anthropic]'``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 import anthropic
@@ -95,15 +94,27 @@ class _TranslatingDecoder:
     def __init__(self, inner: Any) -> None:
         self._inner = inner
 
-    async def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+        return _TranslatedEvents(self._inner.aiter_bytes(iterator))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _TranslatedEvents:
+    """The decoder's events, errors translated. A plain iterator, not an async generator:
+    when the SDK drops it unfinished (its own stream raised), nothing is left to finalise."""
+
+    def __init__(self, events: AsyncIterator[Any]) -> None:
+        self._events = events
+
+    def __aiter__(self) -> _TranslatedEvents:
+        return self
+
+    async def __anext__(self) -> Any:
         try:
-            async with aclosing(self._inner.aiter_bytes(iterator)) as events:
-                async for event in events:
-                    yield event
+            return await anext(self._events)
         except httpx2.TimeoutException as e:
             raise anthropic.APITimeoutError(request=e.request) from e
         except httpx2.TransportError as e:
             raise anthropic.APIConnectionError(request=e.request) from e
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
