@@ -67,7 +67,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "slicer": (OK, OK),
     "slow_first_token": (T + "FirstTokenTimeout", T + "IdleTimeout"),
     "sse_crlf": (OK, OK),
-    "sse_empty_deltas": (T + "TotalTimeout", T + "TotalTimeout"),
+    "sse_empty_deltas": (T + "TotalTimeout", T + "IdleTimeout"),
     "sse_keepalive": (T + "TotalTimeout", T + "FirstTokenTimeout"),
     "sse_long_line": (OK, C + "ResponseTooLarge"),
     "sse_multiline": (OK, OK),
