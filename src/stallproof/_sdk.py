@@ -31,6 +31,7 @@ from ._breaker import CircuitState
 from ._config import UNSET, Timeouts, Unset
 from ._engine import CallOptions, Engine
 from ._inflight import InflightCall
+from ._own_client import adopt
 from ._pacer import PacerState
 from ._retry import Retry
 from ._transport import AsyncTransport, AsyncTransport2
@@ -132,7 +133,8 @@ def harden(
 
     With no ``http_client``, ``engine`` (or a new one from ``settings``) under a new
     ``httpx2.AsyncClient``. With one built by stallproof (`http_client2()`, or an
-    ``httpx2.AsyncClient(transport=AsyncTransport2(...))``), its engine.
+    ``httpx2.AsyncClient(transport=AsyncTransport2(...))``), its engine. With the caller's
+    own client, a new engine installed as its transport (`stallproof._own_client`).
     """
     retry = _retry_from(retry, max_retries)
     settings = {k: v for k, v in settings.items() if v is not UNSET}
@@ -154,15 +156,19 @@ def harden(
             follow_redirects=True,  # as the SDKs' own default clients do
         )
         return hardening, client
-    engine = engine_of(http_client)
     kinds = (httpx2.AsyncClient, httpx.AsyncClient) if allow_httpx else (httpx2.AsyncClient,)
-    if engine is None or not isinstance(http_client, kinds):
-        wanted = "stallproof.http_client2()" + (" or http_client()" if allow_httpx else "")
+    if not isinstance(http_client, kinds):
+        wanted = "an httpx2.AsyncClient" + (" or httpx.AsyncClient" if allow_httpx else "")
         raise exc.InvalidRequestError(
-            f"http_client must be built by {wanted} (or send through stallproof's "
-            f"AsyncTransport2), got {type(http_client).__name__}: stallproof's bounds live "
-            "in the transport"
+            f"http_client must be {wanted}, got {type(http_client).__name__}"
         )
+    engine = engine_of(http_client)
+    if engine is None:  # the caller's own client: the engine becomes its transport
+        timeouts = map_timeout(timeout, Timeouts())
+        if retry is not UNSET:
+            settings["retry"] = retry
+        engine = adopt(http_client, timeout=timeouts, **settings)
+        return Hardening(engine, timeouts, retry), http_client
     if settings:
         raise exc.InvalidRequestError(
             f"this http_client already has its engine: pass {sorted(settings)} to it, not here"

@@ -39,7 +39,8 @@ class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
 
     Takes the same stallproof arguments as `stallproof.openai.AsyncOpenAI` (``timeout``,
     ``retry`` or ``max_retries``, ``retry_budget``, ``breaker``, ``pacer``, ``limits``,
-    ``engine``, ``http_client`` from `stallproof.http_client2()`); every other argument is
+    ``engine``, ``http_client`` from `stallproof.http_client2()` or your own
+    ``httpx2.AsyncClient``, kept, with the engine as its transport); every other argument is
     ``anthropic.AsyncAnthropic``'s.
     """
 

@@ -53,13 +53,16 @@ class AsyncOpenAI(FaceMixin, openai.AsyncOpenAI):
         retry_budget, breaker, pacer, limits: the engine's settings (see `Engine`).
         engine: an `Engine` to share with other clients, instead of those settings.
         http_client: optional; one built by `stallproof.http_client2()` (or, the legacy
-            path, `stallproof.http_client()`), whose engine this client then uses.
+            path, `stallproof.http_client()`), whose engine this client then uses; or your
+            own ``httpx2.AsyncClient`` / ``httpx.AsyncClient``, kept with its headers,
+            auth, event hooks and proxies, with a new engine installed as its transport
+            (a warning, once, says its connections are then pooled by httpcore).
         **kwargs: every other argument of ``openai.AsyncOpenAI`` (``api_key``,
             ``base_url``, ``default_headers``...).
 
     Raises:
-        InvalidRequestError: a bad setting, or an ``http_client`` with no stallproof
-            engine under it.
+        InvalidRequestError: a bad setting, or an ``http_client`` that is not an httpx2 or
+            httpx client.
     """
 
     def __init__(
