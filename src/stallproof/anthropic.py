@@ -5,8 +5,9 @@ every resource, helper, type and error of the SDK works as before. Every request
 through stallproof's engine (an `AsyncTransport2` under the SDK's ``httpx2.AsyncClient``),
 the SDK's own retry loop is off (the engine retries inside the one total deadline), and a
 bound that fires reaches you as ``anthropic.APITimeoutError`` whose ``__cause__`` is the
-stallproof error (bound, elapsed, phase) — mid-stream too, where the stock SDK lets the
-raw httpx2 error through. ``first_token`` and ``idle`` count content-bearing events only:
+stallproof error (bound, elapsed, phase), a connection fault as
+``anthropic.APIConnectionError`` — mid-stream too, where the stock SDK lets the raw httpx2
+error through. ``first_token`` and ``idle`` count content-bearing events only:
 ``ping`` events and empty deltas do not reset them.
 
 Example:
@@ -18,7 +19,6 @@ Needs ``pip install 'stallproof[anthropic]'``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
@@ -29,7 +29,7 @@ from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
 from ._pacer import Pacer
 from ._retry import Retry, RetryBudget
-from ._sdk import FaceMixin, Hardening, harden, rebind
+from ._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
 
 __all__ = ["AsyncAnthropic"]
 
@@ -85,37 +85,5 @@ class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
         )
 
     def _make_sse_decoder(self, *args: Any, **kwargs: Any) -> Any:
-        return _TranslatingDecoder(super()._make_sse_decoder(*args, **kwargs))
-
-
-class _TranslatingDecoder:
-    """The SDK's SSE decoder, with a transport error met mid-stream raised as the SDK's own
-    class (as openai's stream does, and anthropic's non-stream path does)."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
-        return _TranslatedEvents(self._inner.aiter_bytes(iterator))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class _TranslatedEvents:
-    """The decoder's events, errors translated. A plain iterator, not an async generator:
-    when the SDK drops it unfinished (its own stream raised), nothing is left to finalise."""
-
-    def __init__(self, events: AsyncIterator[Any]) -> None:
-        self._events = events
-
-    def __aiter__(self) -> _TranslatedEvents:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await anext(self._events)
-        except httpx2.TimeoutException as e:
-            raise anthropic.APITimeoutError(request=e.request) from e
-        except httpx2.TransportError as e:
-            raise anthropic.APIConnectionError(request=e.request) from e
+        decoder = super()._make_sse_decoder(*args, **kwargs)
+        return TranslatingDecoder(decoder, anthropic.APITimeoutError, anthropic.APIConnectionError)
