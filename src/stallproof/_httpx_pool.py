@@ -52,8 +52,9 @@ def _translated(error: Exception, lib: ModuleType) -> Exception:
     return httpcore2.NetworkError(type(error).__name__)  # pragma: no cover
 
 
-def warn_once(what: str) -> None:
-    """The one warning per process that a caller's own pool carries the connections."""
+def warn_once(what: str, *, stacklevel: int) -> None:
+    """The one warning per process that a caller's own pool carries the connections
+    (``stacklevel`` counted from this function, as for ``warnings.warn``)."""
     global _warned
     if not _warned:
         _warned = True
@@ -62,7 +63,7 @@ def warn_once(what: str) -> None:
             "can lose slots when calls are cancelled (encode/httpcore#1093); leave "
             "http_client unset to use stallproof's pool",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=stacklevel,
         )
 
 
@@ -140,7 +141,7 @@ class HttpxClientPool:
 
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client
-        warn_once("a caller's httpx.AsyncClient")
+        warn_once("a caller's httpx.AsyncClient", stacklevel=4)  # the caller of Client()
 
     async def send(self, request: httpcore2.Request) -> httpcore2.Response:
         content = b"".join([part async for part in request.stream])  # type: ignore[union-attr]

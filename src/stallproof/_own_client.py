@@ -64,5 +64,6 @@ def adopt(client: httpx2.AsyncClient | httpx.AsyncClient, **settings: Any) -> En
     own = _OwnTransport2 if lib is httpx2 else _OwnTransport
     client._transport = own(engine)
     client._mounts = {}
-    warn_once(f"your own {lib.__name__}.AsyncClient's transport")
+    # adopt <- harden <- the face's __init__ <- the caller
+    warn_once(f"your own {lib.__name__}.AsyncClient's transport", stacklevel=5)
     return engine
