@@ -43,8 +43,12 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "endless_body": (T + "TotalTimeout", T + "TotalTimeout"),
     "endless_line": (T + "TotalTimeout", T + "IdleTimeout"),
 }
-# Faster than idle, so that only a bound that counts content can end it.
-FAULT_PARAMS: dict[str, dict[str, Any]] = {"sse_empty_deltas": {"interval": 0.2}}
+# sse_empty_deltas faster than idle, so that only a bound that counts content can end it;
+# a short answer before a stall, so that idle (not total) ends it on a busy machine.
+FAULT_PARAMS: dict[str, dict[str, Any]] = {
+    "sse_empty_deltas": {"interval": 0.2},
+    **{f: {"tokens": 2} for f in ("done_then_hold", "chunked_no_end")},
+}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
