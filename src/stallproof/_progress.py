@@ -11,8 +11,11 @@ at URLs:
   call piece, a refusal or reasoning, or a choice finishes, or the chunk carries usage. A
   role-only first delta and ``{"content": ""}`` are not.
 - OpenAI Responses events (``type: response.*``): everything except the lifecycle events
-  ``response.created``, ``response.in_progress`` and ``response.queued``.
-- Anthropic Messages events: everything except ``ping`` and ``message_start``.
+  ``response.created``, ``response.in_progress`` and ``response.queued``, and a ``*.delta``
+  event whose ``delta`` is empty.
+- Anthropic Messages events: everything except ``ping``, ``message_start``, and a
+  ``content_block_delta`` whose delta carries nothing (``{"type": "text_delta",
+  "text": ""}``).
 - Anything else with data: content. A comment or an event without data never is.
 
 The same pass notes what the call's span and the pacer want at the end (response id and
@@ -223,6 +226,8 @@ def _typed(kind: str, obj: dict[str, Any], outcome: Outcome) -> bool:
                     outcome.total_tokens = outcome.input_tokens + out
     elif kind == "message_stop":
         outcome.saw_done = True
+    elif _empty_delta(obj.get("delta", True)):
+        return False
     elif outcome.text is not None:
         delta = obj.get("delta")
         if kind == "response.output_text.delta" and isinstance(delta, str):
@@ -230,6 +235,14 @@ def _typed(kind: str, obj: dict[str, Any], outcome: Outcome) -> bool:
         elif isinstance(delta, dict) and isinstance(delta.get("text"), str):
             outcome.text.append(delta["text"])
     return True
+
+
+def _empty_delta(delta: object) -> bool:
+    """A Responses ``delta: ""`` or an Anthropic delta whose every field but its ``type``
+    is empty: alive on the wire, no progress for the caller."""
+    if isinstance(delta, dict):
+        return all(v in ("", None) for k, v in delta.items() if k != "type")
+    return delta == ""
 
 
 def _loads(data: str) -> object:

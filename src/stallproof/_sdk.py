@@ -13,6 +13,10 @@ How the SDK's settings map:
   ``httpx2.Timeout`` (or ``httpx.Timeout``) sets connect/read/write/pool; None keeps the
   defaults (stallproof never disables a bound). Per call, ``create(..., timeout=...)``
   maps the same way on top of the client's bounds.
+- Errors: whatever the SDK version, a bound that fires reaches the caller as the SDK's
+  ``APITimeoutError`` and a connection fault as its ``APIConnectionError``, before the
+  first byte or mid-stream (`TranslatingDecoder`: some SDK versions let a transport error
+  met mid-stream through raw), with the stallproof error as ``__cause__``.
 - ``max_retries=``: the SDK's own loop is off (``max_retries=0``): the engine retries
   inside the one total deadline. A ``max_retries=N`` given to the constructor or to
   ``with_options`` becomes ``Retry(attempts=N + 1)``.
@@ -21,6 +25,7 @@ How the SDK's settings map:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import httpx
@@ -31,11 +36,12 @@ from ._breaker import CircuitState
 from ._config import UNSET, Timeouts, Unset
 from ._engine import CallOptions, Engine
 from ._inflight import InflightCall
+from ._own_client import adopt
 from ._pacer import PacerState
 from ._retry import Retry
 from ._transport import AsyncTransport, AsyncTransport2
 
-__all__ = ["FaceMixin", "Hardening", "harden", "map_timeout", "rebind"]
+__all__ = ["FaceMixin", "Hardening", "TranslatingDecoder", "harden", "map_timeout", "rebind"]
 
 _PHASES = ("connect", "read", "write", "pool")
 _F = TypeVar("_F", bound="FaceMixin")
@@ -132,7 +138,8 @@ def harden(
 
     With no ``http_client``, ``engine`` (or a new one from ``settings``) under a new
     ``httpx2.AsyncClient``. With one built by stallproof (`http_client2()`, or an
-    ``httpx2.AsyncClient(transport=AsyncTransport2(...))``), its engine.
+    ``httpx2.AsyncClient(transport=AsyncTransport2(...))``), its engine. With the caller's
+    own client, a new engine installed as its transport (`stallproof._own_client`).
     """
     retry = _retry_from(retry, max_retries)
     settings = {k: v for k, v in settings.items() if v is not UNSET}
@@ -154,15 +161,19 @@ def harden(
             follow_redirects=True,  # as the SDKs' own default clients do
         )
         return hardening, client
-    engine = engine_of(http_client)
     kinds = (httpx2.AsyncClient, httpx.AsyncClient) if allow_httpx else (httpx2.AsyncClient,)
-    if engine is None or not isinstance(http_client, kinds):
-        wanted = "stallproof.http_client2()" + (" or http_client()" if allow_httpx else "")
+    if not isinstance(http_client, kinds):
+        wanted = "an httpx2.AsyncClient" + (" or httpx.AsyncClient" if allow_httpx else "")
         raise exc.InvalidRequestError(
-            f"http_client must be built by {wanted} (or send through stallproof's "
-            f"AsyncTransport2), got {type(http_client).__name__}: stallproof's bounds live "
-            "in the transport"
+            f"http_client must be {wanted}, got {type(http_client).__name__}"
         )
+    engine = engine_of(http_client)
+    if engine is None:  # the caller's own client: the engine becomes its transport
+        timeouts = map_timeout(timeout, Timeouts())
+        if retry is not UNSET:
+            settings["retry"] = retry
+        engine = adopt(http_client, timeout=timeouts, **settings)
+        return Hardening(engine, timeouts, retry), http_client
     if settings:
         raise exc.InvalidRequestError(
             f"this http_client already has its engine: pass {sorted(settings)} to it, not here"
@@ -229,3 +240,58 @@ def rebind(hardening: Hardening, http_client: Any) -> Hardening:
             f"{type(http_client).__name__}: stallproof's bounds live in the transport"
         )
     return dataclasses.replace(hardening, engine=engine)
+
+
+_TIMEOUTS = (httpx2.TimeoutException, httpx.TimeoutException)
+_CONNECTION = (httpx2.TransportError, httpx.TransportError)
+
+
+class TranslatingDecoder:
+    """An SDK's SSE decoder, with a transport error met mid-stream raised as the SDK's own
+    ``APITimeoutError`` / ``APIConnectionError`` (``from`` the stallproof error), as the
+    SDK does before the first byte. Both faces install it through ``_make_sse_decoder``."""
+
+    def __init__(
+        self, inner: Any, timeout_error: type[Exception], connection_error: type[Exception]
+    ) -> None:
+        self._inner = inner
+        self._errors = (timeout_error, connection_error)
+
+    def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+        return _TranslatedEvents(self._inner.aiter_bytes(iterator), *self._errors)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _TranslatedEvents:
+    """The decoder's events, errors translated. A plain iterator, not an async generator:
+    when the SDK drops it unfinished (its own stream raised), nothing is left to finalise."""
+
+    def __init__(
+        self,
+        events: AsyncIterator[Any],
+        timeout_error: type[Exception],
+        connection_error: type[Exception],
+    ) -> None:
+        self._events = events
+        self._timeout_error = timeout_error
+        self._connection_error = connection_error
+
+    def __aiter__(self) -> _TranslatedEvents:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await anext(self._events)
+        except _TIMEOUTS as e:
+            raise self._timeout_error(request=_request_of(e)) from e  # type: ignore[call-arg]
+        except _CONNECTION as e:
+            raise self._connection_error(request=_request_of(e)) from e  # type: ignore[call-arg]
+
+
+def _request_of(error: Exception) -> Any:
+    try:
+        return error.request  # type: ignore[attr-defined]
+    except RuntimeError:  # httpx(2): "The .request property has not been set."
+        return None

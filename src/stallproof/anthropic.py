@@ -5,8 +5,9 @@ every resource, helper, type and error of the SDK works as before. Every request
 through stallproof's engine (an `AsyncTransport2` under the SDK's ``httpx2.AsyncClient``),
 the SDK's own retry loop is off (the engine retries inside the one total deadline), and a
 bound that fires reaches you as ``anthropic.APITimeoutError`` whose ``__cause__`` is the
-stallproof error (bound, elapsed, phase) — mid-stream too, where the stock SDK lets the
-raw httpx2 error through. ``first_token`` and ``idle`` count content-bearing events only:
+stallproof error (bound, elapsed, phase), a connection fault as
+``anthropic.APIConnectionError`` — mid-stream too, where the stock SDK lets the raw httpx2
+error through. ``first_token`` and ``idle`` count content-bearing events only:
 ``ping`` events and empty deltas do not reset them.
 
 Example:
@@ -18,8 +19,6 @@ Needs ``pip install 'stallproof[anthropic]'``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 import anthropic
@@ -30,7 +29,7 @@ from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
 from ._pacer import Pacer
 from ._retry import Retry, RetryBudget
-from ._sdk import FaceMixin, Hardening, harden, rebind
+from ._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
 
 __all__ = ["AsyncAnthropic"]
 
@@ -40,7 +39,8 @@ class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
 
     Takes the same stallproof arguments as `stallproof.openai.AsyncOpenAI` (``timeout``,
     ``retry`` or ``max_retries``, ``retry_budget``, ``breaker``, ``pacer``, ``limits``,
-    ``engine``, ``http_client`` from `stallproof.http_client2()`); every other argument is
+    ``engine``, ``http_client`` from `stallproof.http_client2()` or your own
+    ``httpx2.AsyncClient``, kept, with the engine as its transport); every other argument is
     ``anthropic.AsyncAnthropic``'s.
     """
 
@@ -85,25 +85,5 @@ class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
         )
 
     def _make_sse_decoder(self, *args: Any, **kwargs: Any) -> Any:
-        return _TranslatingDecoder(super()._make_sse_decoder(*args, **kwargs))
-
-
-class _TranslatingDecoder:
-    """The SDK's SSE decoder, with a transport error met mid-stream raised as the SDK's own
-    class (as openai's stream does, and anthropic's non-stream path does)."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    async def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
-        try:
-            async with aclosing(self._inner.aiter_bytes(iterator)) as events:
-                async for event in events:
-                    yield event
-        except httpx2.TimeoutException as e:
-            raise anthropic.APITimeoutError(request=e.request) from e
-        except httpx2.TransportError as e:
-            raise anthropic.APIConnectionError(request=e.request) from e
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        decoder = super()._make_sse_decoder(*args, **kwargs)
+        return TranslatingDecoder(decoder, anthropic.APITimeoutError, anthropic.APIConnectionError)

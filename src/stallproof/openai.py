@@ -11,7 +11,9 @@ works as before (responses, embeddings, ``parse``, ``with_raw_response``...). Wh
   deadline, so retries never multiply the budget;
 - a bound that fires reaches you as ``openai.APITimeoutError`` whose ``__cause__`` is the
   stallproof error (which bound, the elapsed time, the phase); a connection fault as
-  ``openai.APIConnectionError``, its cause the stallproof error too.
+  ``openai.APIConnectionError``, its cause the stallproof error too — before the first
+  byte and mid-stream alike, whatever the openai version (some let a transport error met
+  mid-stream through raw).
 
 Example:
     >>> from stallproof.openai import AsyncOpenAI
@@ -34,7 +36,7 @@ from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
 from ._pacer import Pacer
 from ._retry import Retry, RetryBudget
-from ._sdk import FaceMixin, Hardening, harden, rebind
+from ._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
 
 __all__ = ["AsyncOpenAI"]
 
@@ -53,13 +55,16 @@ class AsyncOpenAI(FaceMixin, openai.AsyncOpenAI):
         retry_budget, breaker, pacer, limits: the engine's settings (see `Engine`).
         engine: an `Engine` to share with other clients, instead of those settings.
         http_client: optional; one built by `stallproof.http_client2()` (or, the legacy
-            path, `stallproof.http_client()`), whose engine this client then uses.
+            path, `stallproof.http_client()`), whose engine this client then uses; or your
+            own ``httpx2.AsyncClient`` / ``httpx.AsyncClient``, kept with its headers,
+            auth, event hooks and proxies, with a new engine installed as its transport
+            (a warning, once, says its connections are then pooled by httpcore).
         **kwargs: every other argument of ``openai.AsyncOpenAI`` (``api_key``,
             ``base_url``, ``default_headers``...).
 
     Raises:
-        InvalidRequestError: a bad setting, or an ``http_client`` with no stallproof
-            engine under it.
+        InvalidRequestError: a bad setting, or an ``http_client`` that is not an httpx2 or
+            httpx client.
     """
 
     def __init__(
@@ -100,3 +105,7 @@ class AsyncOpenAI(FaceMixin, openai.AsyncOpenAI):
             http_client=http_client,  # type: ignore[arg-type]  # httpx too: the legacy path
             **kwargs,
         )
+
+    def _make_sse_decoder(self, *args: Any, **kwargs: Any) -> Any:
+        decoder = super()._make_sse_decoder(*args, **kwargs)
+        return TranslatingDecoder(decoder, openai.APITimeoutError, openai.APIConnectionError)

@@ -1,4 +1,5 @@
-"""openai-agents: a hardened AsyncOpenAI under the chat-completions model class."""
+"""openai-agents: a hardened AsyncOpenAI under its default Responses model class and under
+the chat-completions one."""
 
 from __future__ import annotations
 
@@ -31,8 +32,7 @@ def agents() -> Any:
 
 
 def recipe(agents: Any, client: openai.AsyncOpenAI) -> Any:
-    # The Responses API is the SDK's default; the chat-completions model class takes the
-    # client as it is (the fault server speaks chat completions).
+    # For a server that speaks chat completions only: the chat-completions model class.
     model = agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
     return agents.Agent(name="helper", instructions="Answer briefly.", model=model)
 
@@ -59,6 +59,38 @@ async def test_stall_ends_within_budget(
     agents: Any, hardened: Hardened, fault_scope: Any, attempts: Any, stall: Stall
 ) -> None:
     agent = recipe(agents, hardened.openai(stall.url(fault_scope)))
+    error = openai.APITimeoutError if not stall.mid_stream else MID_STREAM
+    with stopwatch() as elapsed, pytest.raises(error) as info:
+        await run(agents, agent, stall.stream)
+    assert elapsed[0] <= BUDGET.total + LATE
+    assert stallproof_cause(info.value).bound == stall.bound
+    assert attempts(fault_scope) == 1
+
+
+# -- the default: the Responses API ----------------------------------------------------
+
+
+def responses_recipe(agents: Any, client: openai.AsyncOpenAI) -> Any:
+    # The model class openai-agents uses by default (what `Agent(model="...")` builds
+    # after `set_default_openai_client(client)`), over the hardened client.
+    model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+    return agents.Agent(name="helper", instructions="Answer briefly.", model=model)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_responses_healthy_answer(
+    agents: Any, hardened: Hardened, fault_scope: Any, stream: bool
+) -> None:
+    agent = responses_recipe(agents, hardened.openai(fault_scope.url()))
+    result = await run(agents, agent, stream)
+    assert result.final_output.startswith("echo:")
+
+
+@pytest.mark.parametrize("stall", STALLS, ids=repr)
+async def test_responses_stall_ends_within_budget(
+    agents: Any, hardened: Hardened, fault_scope: Any, attempts: Any, stall: Stall
+) -> None:
+    agent = responses_recipe(agents, hardened.openai(stall.url(fault_scope)))
     error = openai.APITimeoutError if not stall.mid_stream else MID_STREAM
     with stopwatch() as elapsed, pytest.raises(error) as info:
         await run(agents, agent, stall.stream)

@@ -1,12 +1,13 @@
-"""The openai and anthropic SDKs, hardened, against every fault: stream and non-stream.
+"""The openai SDK, hardened, against every fault: stream and non-stream.
 
-Three ways a caller runs an SDK over stallproof's engine:
+Two ways a caller runs the openai SDK over stallproof's engine:
 
 - ``face``: `stallproof.openai.AsyncOpenAI` (httpx2 under the SDK);
 - ``legacy``: plain ``openai.AsyncOpenAI(http_client=stallproof.http_client(...))`` (the
   SDK on the old httpx);
-- ``anthropic``: `stallproof.anthropic.AsyncAnthropic` against a Messages server
-  (tests/support/messages_server.py: `fault_server` speaks only chat completions today).
+
+The anthropic SDK's catalogue is in test_sdk_catalogue_anthropic.py, the Responses API's
+in test_sdk_responses.py.
 
 Each call must end within its bound + MARGIN with the SDK's own error class — whose
 ``__cause__`` is the stallproof error that names the bound — or succeed where the fault is
@@ -16,10 +17,8 @@ matter most run on asyncio and trio below (both SDKs run on trio through anyio).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import anthropic
 import openai
 import pytest
 
@@ -29,30 +28,22 @@ import stallproof.anthropic
 import stallproof.openai
 
 from ..support.clients import KEY, sdk_pool_held
-from ..support.messages_server import MessagesServer, running_messages_server
+from ..support.sdk_catalogue import (
+    BUDGET,
+    LIMITS,
+    OK,
+    PARAMS,
+    TOOL_FAULTS,
+    TOOLS,
+    C,
+    T,
+    limit_of,
+    outcome_of,
+)
 from ..support.timing import MARGIN, SentClock
 
 pytestmark = pytest.mark.anyio
 
-BUDGET = stallproof.Timeouts(
-    connect=1, read=1, write=1, pool=1, first_token=0.6, idle=0.5, total=1.2
-)
-LIMITS = stallproof.Limits(max_response_bytes=2 * 1024 * 1024, max_line_bytes=256 * 1024)
-PARAMS: dict[str, dict[str, Any]] = {
-    "huge_body": {"size": 8 * 1024 * 1024},
-    "token_rate": {"tps": 50},
-    # Slices of 32 bytes: a few hundred writes, which a loaded machine schedules within the
-    # budget (8-byte slices, a thousand sleeps, did not always).
-    "slicer": {"interval": 0.001, "size": 32},
-    "rate_limit": {"limit": 1000},  # one shared bucket for every case here: never empty
-}
-TOOLS = [{"type": "function", "function": {"name": "save", "parameters": {"type": "object"}}}]
-TOOL_FAULTS = {"tool_split", "index_gap", "tool_args_unclosed"}
-
-OK = "ok"
-T = "APITimeoutError/"
-C = "APIConnectionError/"
-# fault: (non-stream, stream) -> the SDK's error class / the stallproof error as its cause.
 EXPECTED: dict[str, tuple[str, str]] = {
     "healthy": (OK, OK),
     "half_open": (T + "FirstTokenTimeout", T + "FirstTokenTimeout"),
@@ -112,25 +103,6 @@ def openai_client(kind: str, base_url: str, **settings: Any) -> openai.AsyncOpen
     )
 
 
-# stallproof's errors are openai's classes too: one the SDK lets through unwrapped is
-# reported under the openai class it is an instance of.
-_SDK_CLASSES = (openai.APITimeoutError, openai.APIConnectionError, openai.APIError)
-
-
-def outcome_of(error: BaseException) -> str:
-    if isinstance(error, stallproof.StallproofError):
-        sdk = next(c for c in _SDK_CLASSES if isinstance(error, c))
-        return f"{sdk.__name__}/{type(error).__name__}"
-    cause = error.__cause__
-    named = type(cause).__name__ if isinstance(cause, stallproof.StallproofError) else ""
-    return f"{type(error).__name__}/{named}"
-
-
-def limit_of(error: BaseException, default: float) -> float:
-    named = error if isinstance(error, stallproof.StallproofError) else error.__cause__
-    return named.limit if isinstance(named, stallproof.TimeoutException) else default
-
-
 def test_every_request_fault_has_a_pinned_outcome() -> None:
     request_faults = {n for n, f in fault_server.FAULTS.items() if f.scope == "request"}
     assert request_faults == set(EXPECTED)
@@ -161,69 +133,3 @@ async def test_openai_sdk_against_the_catalogue(
         assert outcome == EXPECTED[fault][stream]
         assert clock.elapsed() <= limit + MARGIN
         assert sdk_pool_held(client) == {"requests": 0, "active": 0}
-
-
-# -- the anthropic SDK ------------------------------------------------------------------
-
-ANTHROPIC_EXPECTED: dict[str, tuple[str, str]] = {
-    "healthy": (OK, OK),
-    "half_open": (T + "FirstTokenTimeout", T + "FirstTokenTimeout"),
-    "sse_pings": (T + "FirstTokenTimeout", T + "FirstTokenTimeout"),
-    "sse_stall": (T + "ReadTimeout", T + "IdleTimeout"),
-    # The first body byte ends first_token; total bounds the rest.
-    "trickle_body": (T + "TotalTimeout", T + "FirstTokenTimeout"),
-    "reset": (C + "ConnectionLost", C + "ConnectionLost"),
-    "close_mid_body": (C + "TruncatedResponse", C + "TruncatedResponse"),
-    "overloaded": ("OverloadedError/", "OverloadedError/"),
-}
-
-
-@pytest.fixture(scope="module")
-def messages_server() -> Iterator[MessagesServer]:
-    with running_messages_server() as server:
-        yield server
-
-
-@pytest.fixture
-async def anthropic_client() -> AsyncIterator[Any]:
-    clients: list[stallproof.anthropic.AsyncAnthropic] = []
-
-    def factory(base_url: str, **settings: Any) -> stallproof.anthropic.AsyncAnthropic:
-        settings.setdefault("timeout", BUDGET)
-        settings.setdefault("retry", None)
-        client = stallproof.anthropic.AsyncAnthropic(api_key=KEY, base_url=base_url, **settings)
-        clients.append(client)
-        return client
-
-    yield factory
-    for client in clients:
-        assert sdk_pool_held(client) == {"requests": 0, "active": 0}
-        await client.close()
-
-
-async def ask_claude(client: anthropic.AsyncAnthropic, *, stream: bool) -> None:
-    messages: Any = [{"role": "user", "content": "hi"}]
-    if stream:
-        events = await client.messages.create(
-            model="claude-test", max_tokens=16, messages=messages, stream=True
-        )
-        async for _ in events:
-            pass
-    else:
-        await client.messages.create(model="claude-test", max_tokens=16, messages=messages)
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-@pytest.mark.parametrize("fault", sorted(ANTHROPIC_EXPECTED))
-async def test_anthropic_sdk_against_messages_faults(
-    fault: str, stream: bool, messages_server: MessagesServer, anthropic_client: Any
-) -> None:
-    client = anthropic_client(messages_server.url(fault))
-    outcome, limit = OK, BUDGET.total
-    clock = SentClock(client)
-    try:
-        await ask_claude(client, stream=stream)
-    except Exception as e:
-        outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
-    assert outcome == ANTHROPIC_EXPECTED[fault][stream]
-    assert clock.elapsed() <= limit + MARGIN

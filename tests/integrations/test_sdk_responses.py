@@ -1,0 +1,89 @@
+"""The openai face on the Responses API (``responses.create``) against the stall faults.
+
+openai-agents and other new code call ``client.responses.create`` rather than chat
+completions. The fault server's ``/v1/responses`` speaks the Responses API (typed
+``response.*`` events numbered by ``sequence_number``); its keep-alive faults send
+comments and events that carry no output text. Each call must end within its bound +
+MARGIN with ``openai.APITimeoutError`` — whose ``__cause__`` is the stallproof error that
+names the bound — or succeed, on asyncio and trio, and leave no connection held.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+import stallproof
+import stallproof.openai
+
+from ..support.clients import KEY, sdk_pool_held
+from ..support.sdk_catalogue import BUDGET, LIMITS, OK, T, limit_of, outcome_of
+from ..support.timing import MARGIN, SentClock
+
+pytestmark = pytest.mark.anyio
+
+# fault: (non-stream, stream) -> the SDK's error class / the stallproof error as its cause.
+EXPECTED: dict[str, tuple[str, str]] = {
+    "healthy": (OK, OK),
+    "no_done": (OK, OK),
+    "half_open": (T + "FirstTokenTimeout", T + "FirstTokenTimeout"),
+    "stall_headers": (T + "FirstTokenTimeout", T + "FirstTokenTimeout"),
+    "stall_in_headers": (T + "FirstTokenTimeout", T + "FirstTokenTimeout"),
+    "trickle_headers": (T + "FirstTokenTimeout", T + "FirstTokenTimeout"),
+    "trickle_body": (T + "FirstTokenTimeout", T + "FirstTokenTimeout"),
+    "slow_first_token": (T + "FirstTokenTimeout", T + "IdleTimeout"),
+    # Keep-alives: comments, ping events, empty ``response.output_text.delta`` events.
+    "sse_keepalive": (T + "TotalTimeout", T + "FirstTokenTimeout"),
+    "sse_pings": (T + "TotalTimeout", T + "IdleTimeout"),
+    "sse_empty_deltas": (T + "TotalTimeout", T + "IdleTimeout"),
+    "sse_stall": (T + "ReadTimeout", T + "IdleTimeout"),
+    "chunked_no_end": (T + "ReadTimeout", T + "IdleTimeout"),
+    "done_then_hold": (T + "ReadTimeout", T + "IdleTimeout"),
+    "endless_body": (T + "TotalTimeout", T + "TotalTimeout"),
+    "endless_line": (T + "TotalTimeout", T + "IdleTimeout"),
+}
+# sse_empty_deltas faster than idle, so that only a bound that counts content can end it;
+# a short answer before a stall, so that idle (not total) ends it on a busy machine.
+FAULT_PARAMS: dict[str, dict[str, Any]] = {
+    "sse_empty_deltas": {"interval": 0.2},
+    **{f: {"tokens": 2} for f in ("done_then_hold", "chunked_no_end")},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+async def test_responses_against_the_stall_faults(
+    fault: str, stream: bool, fault_server: Any
+) -> None:
+    url = fault_server.url(fault, hold=10, **FAULT_PARAMS.get(fault, {}))
+    client = stallproof.openai.AsyncOpenAI(
+        api_key=KEY, base_url=url, timeout=BUDGET, limits=LIMITS, retry=None
+    )
+    outcome, limit = OK, BUDGET.total
+    clock = SentClock(client)
+    last_event: float | None = None
+    async with client:
+        try:
+            r = await client.responses.create(model="m", input="hi", stream=stream)
+            if stream:
+                async for _ in r:
+                    last_event = time.monotonic()
+        except Exception as e:
+            outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
+        ended = time.monotonic()
+        if fault == "done_then_hold" and stream:
+            # Held open after response.completed: idle or total ends the wait, whichever
+            # the engine applies after a finished response (a follow-up pins which).
+            assert outcome in (T + "IdleTimeout", T + "TotalTimeout")
+        else:
+            assert outcome == EXPECTED[fault][stream]
+        assert clock.elapsed() <= BUDGET.total + MARGIN
+        if outcome.endswith("/IdleTimeout"):
+            # idle starts at the last content event: at the latest, the last event we saw.
+            assert last_event is not None
+            assert ended - last_event <= limit + MARGIN
+        elif limit < BUDGET.total:  # first_token, read: they start when the request is sent
+            assert clock.elapsed() <= limit + MARGIN
+        assert sdk_pool_held(client) == {"requests": 0, "active": 0}

@@ -1,0 +1,47 @@
+"""What the SDK catalogue tests share: the budget, the fault parameters, and how an SDK's
+error is named (its class / the stallproof error behind it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+
+import stallproof
+
+BUDGET = stallproof.Timeouts(
+    connect=1, read=1, write=1, pool=1, first_token=0.6, idle=0.5, total=1.2
+)
+LIMITS = stallproof.Limits(max_response_bytes=2 * 1024 * 1024, max_line_bytes=256 * 1024)
+PARAMS: dict[str, dict[str, Any]] = {
+    "huge_body": {"size": 8 * 1024 * 1024},
+    "token_rate": {"tps": 50},
+    # Slices of 32 bytes: a few hundred writes, which a loaded machine schedules within the
+    # budget (8-byte slices, a thousand sleeps, did not always).
+    "slicer": {"interval": 0.001, "size": 32},
+    "rate_limit": {"limit": 1000},  # one shared bucket for every case here: never empty
+}
+TOOLS = [{"type": "function", "function": {"name": "save", "parameters": {"type": "object"}}}]
+TOOL_FAULTS = {"tool_split", "index_gap", "tool_args_unclosed"}
+
+OK = "ok"
+T = "APITimeoutError/"
+C = "APIConnectionError/"
+# fault: (non-stream, stream) -> the SDK's error class / the stallproof error as its cause.
+# stallproof's errors are openai's classes too: one the SDK lets through unwrapped is
+# reported under the openai class it is an instance of.
+_SDK_CLASSES = (openai.APITimeoutError, openai.APIConnectionError, openai.APIError)
+
+
+def outcome_of(error: BaseException) -> str:
+    if isinstance(error, stallproof.StallproofError):
+        sdk = next(c for c in _SDK_CLASSES if isinstance(error, c))
+        return f"{sdk.__name__}/{type(error).__name__}"
+    cause = error.__cause__
+    named = type(cause).__name__ if isinstance(cause, stallproof.StallproofError) else ""
+    return f"{type(error).__name__}/{named}"
+
+
+def limit_of(error: BaseException, default: float) -> float:
+    named = error if isinstance(error, stallproof.StallproofError) else error.__cause__
+    return named.limit if isinstance(named, stallproof.TimeoutException) else default
