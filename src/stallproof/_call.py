@@ -8,16 +8,18 @@ from httpcore's ``trace`` request extension, not from guessing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import re
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import httpcore2
+import sniffio
 
 from . import _exceptions as exc
 from ._config import Timeouts
@@ -27,7 +29,7 @@ from ._inflight import InflightCall
 if TYPE_CHECKING:
     from ._telemetry import CallTelemetry
 
-__all__ = ["Call", "new_request_id"]
+__all__ = ["Call", "loop_clock", "new_request_id"]
 
 # httpcore trace event -> the phase the call enters when it is emitted.
 _TRACE_PHASES = {
@@ -51,8 +53,58 @@ def new_request_id() -> str:
     return f"sp-{secrets.token_hex(12)}"
 
 
+def loop_clock() -> Callable[[], float]:
+    """The running event loop's clock: what `anyio.current_time` returns, looked up once.
+
+    `anyio.current_time` finds the backend through sniffio on every call; a call reads
+    the clock a dozen times, so it keeps the function it resolves to (asyncio's
+    ``loop.time``, trio's ``current_time``, which follows a test's ``MockClock``).
+    """
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return anyio.current_time  # not in an event loop: anyio raises its own error
+    if library == "asyncio":
+        return asyncio.get_running_loop().time
+    if library == "trio":
+        import trio
+
+        return trio.current_time
+    return anyio.current_time  # pragma: no cover - another anyio backend
+
+
 class Call:
     """Clock, phase and armed bound of one logical call. Not shared between calls."""
+
+    __slots__ = (
+        "_bound",
+        "_registry",
+        "_scope",
+        "agent",
+        "attempt",
+        "bytes_received",
+        "content_chunks",
+        "headers_received",
+        "labels",
+        "last_progress",
+        "max_attempts",
+        "method",
+        "model",
+        "now",
+        "phase",
+        "phase_since",
+        "request_id",
+        "scope",
+        "sent_at",
+        "server_request_id",
+        "started",
+        "status_code",
+        "stream",
+        "telemetry",
+        "timeouts",
+        "total_deadline",
+        "url",
+    )
 
     def __init__(
         self,
@@ -76,7 +128,9 @@ class Call:
         self.model = model
         self.agent = agent
         self.labels: Mapping[str, str] = labels or {}
-        self.started = anyio.current_time()
+        #: The event loop's clock (`anyio.current_time`'s value, without its lookup).
+        self.now = loop_clock()
+        self.started = self.now()
         self.total_deadline = self.started + timeouts.total
         # A `deadline()` scope around the call that ends before its own total clips it.
         self.scope = scope if scope is not None and scope.when < self.total_deadline else None
@@ -140,21 +194,21 @@ class Call:
         if content:
             self.content_chunks += 1
         if content or (nbytes and not self.stream):
-            self.last_progress = anyio.current_time()
+            self.last_progress = self.now()
 
     # -- clock ---------------------------------------------------------------------------
 
     def elapsed(self) -> float:
-        return anyio.current_time() - self.started
+        return self.now() - self.started
 
     def remaining(self) -> float:
-        return self.total_deadline - anyio.current_time()
+        return self.total_deadline - self.now()
 
     def set_phase(self, phase: str) -> None:
         if phase != self.phase:
             old = self.phase
             self.phase = phase
-            self.phase_since = self.last_progress = anyio.current_time()
+            self.phase_since = self.last_progress = self.now()
             if self.telemetry is not None:
                 self.telemetry.phase_changed(old, phase)
 
@@ -275,7 +329,7 @@ class Call:
         if phase is not None:
             self.set_phase(phase)
         if event in _SENT_EVENTS:
-            self.sent_at = anyio.current_time()
+            self.sent_at = self.now()
             self.set_phase("awaiting headers")
             # From here until content arrives, first_token applies as well as total.
             self.rearm("first_token", self.sent_at + self.timeouts.first_token)
