@@ -197,7 +197,7 @@ class ResponseBody:
         if start >= call.total_deadline:
             raise call.timeout_error("total")
         content = False
-        with call.step(bound, start + (limit - self._waited)), call.translate_errors():
+        with call.step(bound, start + (limit - self._waited)):
             try:
                 data = await self._raw.__anext__()
             except StopAsyncIteration:

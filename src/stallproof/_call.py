@@ -53,6 +53,9 @@ def new_request_id() -> str:
     return f"sp-{secrets.token_hex(12)}"
 
 
+_last_clock: tuple[asyncio.AbstractEventLoop, Callable[[], float]] | None = None
+
+
 def loop_clock() -> Callable[[], float]:
     """The running event loop's clock: what `anyio.current_time` returns, looked up once.
 
@@ -60,12 +63,19 @@ def loop_clock() -> Callable[[], float]:
     the clock a dozen times, so it keeps the function it resolves to (asyncio's
     ``loop.time``, trio's ``current_time``, which follows a test's ``MockClock``).
     """
+    global _last_clock
     try:
         library = sniffio.current_async_library()
     except sniffio.AsyncLibraryNotFoundError:
         return anyio.current_time  # not in an event loop: anyio raises its own error
     if library == "asyncio":
-        return asyncio.get_running_loop().time
+        loop = asyncio.get_running_loop()
+        last = _last_clock
+        if last is not None and last[0] is loop:
+            return last[1]  # the same bound method for every call on this loop
+        clock = loop.time
+        _last_clock = (loop, clock)
+        return clock
     if library == "trio":
         import trio
 
@@ -229,18 +239,27 @@ class Call:
 
     @contextlib.contextmanager
     def bounded(self, bound: str | None = None, deadline: float | None = None) -> Iterator[None]:
-        """Run the body under a phase bound (first_token or idle) that `rearm` can move.
+        """Run the body under a phase bound (first_token or idle) that `rearm` can move,
+        with the pool's errors translated to ours (`_translate`).
 
         Nested inside `total_scope`, so the phase bound fails one attempt (which a retry
-        may repeat) while total ends the call.
+        may repeat) while total ends the call. (One generator for both: an attempt in
+        flight holds one context manager here, not two.)
         """
+        refused: exc.InvalidRequestError | None = None
         with anyio.CancelScope() as scope:
             self._scope = scope
             self._arm(bound, deadline)
             try:
                 yield
+            except exc.StallproofError:
+                raise
+            except Exception as e:
+                refused = self._translate(e)
             finally:
                 self._scope = None
+        if refused is not None:
+            raise refused  # outside the except block: no __context__ to carry the value
         if scope.cancelled_caught:
             raise self.timeout_error(self._bound)
 
@@ -248,13 +267,22 @@ class Call:
     def step(self, bound: str, deadline: float) -> Iterator[None]:
         """One scope for one step of a stream: total and a phase bound, whichever is first.
 
-        `total_scope` + `bounded` in a single cancel scope; a stream step is never retried,
-        so the two need not be told apart by nesting.
+        `total_scope` + `bounded` in a single cancel scope, errors translated as in
+        `bounded`; a stream step is never retried, so the two bounds need not
+        be told apart by nesting.
         """
         if deadline >= self.total_deadline:
             bound, deadline = "total", self.total_deadline
+        refused: exc.InvalidRequestError | None = None
         with anyio.CancelScope(deadline=deadline) as scope:
-            yield
+            try:
+                yield
+            except exc.StallproofError:
+                raise
+            except Exception as e:
+                refused = self._translate(e)
+        if refused is not None:
+            raise refused  # outside the except block: no __context__ to carry the value
         if scope.cancelled_caught:
             raise self.timeout_error(bound)
 
@@ -336,34 +364,32 @@ class Call:
 
     # -- one boundary for httpx's errors --------------------------------------------------
 
-    @contextlib.contextmanager
-    def translate_errors(self) -> Iterator[None]:
-        """Turn the pool's (httpcore2's) exceptions into ours, with the bound or phase."""
+    def _translate(self, e: Exception) -> exc.InvalidRequestError:
+        """Raise ``e`` as ours (``from e``), or return a refusal to raise with no context.
+
+        The one boundary for the pool's errors, called from the ``except`` clauses of
+        `bounded` and `step`.
+        """
         t = self.timeouts
-        refused: exc.InvalidRequestError | None = None
-        try:
-            yield
-        except exc.StallproofError:
-            raise  # already ours (and a TimeoutError is an OSError: not a lost connection)
-        except (httpcore2.UnsupportedProtocol, httpcore2.LocalProtocolError) as e:
+        if isinstance(e, (httpcore2.UnsupportedProtocol, httpcore2.LocalProtocolError)):
             # Its text may quote a header value (h11: "Illegal header value b'Bearer
             # sk-...'"): keep only the words before the first quote, and chain nothing,
             # so no message, log line or __context__ carries the value.
             said = re.split(r"""['"]""", str(e), maxsplit=1)[0].strip(" :")
-            refused = self.error(
+            return self.error(
                 exc.InvalidRequestError, f"request cannot be sent: {said or type(e).__name__}"
             )
-        except httpcore2.ConnectTimeout as e:
+        if isinstance(e, httpcore2.ConnectTimeout):
             raise self.timeout_error("connect", t.connect) from e
-        except httpcore2.ReadTimeout as e:
+        if isinstance(e, httpcore2.ReadTimeout):
             raise self.timeout_error("read", t.read) from e
-        except httpcore2.WriteTimeout as e:
+        if isinstance(e, httpcore2.WriteTimeout):
             raise self.timeout_error("write", t.write) from e
-        except httpcore2.PoolTimeout as e:
+        if isinstance(e, httpcore2.PoolTimeout):
             raise self.timeout_error("pool", t.pool) from e
-        except (httpcore2.ConnectError, httpcore2.ProxyError) as e:
+        if isinstance(e, (httpcore2.ConnectError, httpcore2.ProxyError)):
             raise self.error(exc.ConnectError, f"could not connect: {_describe(e)}") from e
-        except httpcore2.RemoteProtocolError as e:
+        if isinstance(e, httpcore2.RemoteProtocolError):
             if self.headers_received:
                 raise self.error(
                     exc.TruncatedResponse, f"response ended early: {_describe(e)}"
@@ -371,19 +397,18 @@ class Call:
             raise self.error(
                 exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
             ) from e
-        except (httpcore2.ReadError, httpcore2.WriteError, httpcore2.NetworkError) as e:
+        if isinstance(e, (httpcore2.ReadError, httpcore2.WriteError, httpcore2.NetworkError)):
             raise self.error(
                 exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
             ) from e
-        except (httpcore2.TimeoutException, httpcore2.ProtocolError) as e:
+        if isinstance(e, (httpcore2.TimeoutException, httpcore2.ProtocolError)):
             raise self.error(exc.TransportError, _describe(e)) from e
-        except OSError as e:
+        if isinstance(e, OSError):
             # A socket error the pool did not map (e.g. raised while closing).
             raise self.error(
                 exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
             ) from e
-        if refused is not None:
-            raise refused  # outside the except block: no __context__ to carry the value
+        raise e
 
     def _where(self) -> str:
         return f"while {self.phase}"

@@ -358,8 +358,10 @@ class Engine:
         try:
             return await self._spanned_attempt(out, scope, circuit, 1, policy.attempts)
         except BaseException as e:
-            error = e.error if isinstance(e, _StatusFailure) else e
-            if policy.attempts == 1 or not policy.retryable(error):
+            # (No local keeps the error: it would make a cycle with its traceback.)
+            if policy.attempts == 1 or not policy.retryable(
+                e.error if isinstance(e, _StatusFailure) else e
+            ):
                 raise  # what tenacity would do: nothing to decide, no budget drawn
             first = e
         try:
@@ -440,7 +442,7 @@ class Engine:
         wire: httpcore2.Response | None = None
         stream: ResponseBody | None = None
         try:
-            with call.bounded(), call.translate_errors():
+            with call.bounded():
                 wire = await self.pool.send(request)
                 call.headers_received = True
                 call.status_code = status = wire.status
