@@ -13,6 +13,7 @@ import contextlib
 import math
 import re
 import secrets
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -232,10 +233,21 @@ class Call:
         again around each step of a stream's iteration. A cancellation from outside (the
         caller's own scope) passes through untouched.
         """
-        with anyio.CancelScope(deadline=self.total_deadline) as scope:
-            yield
-        if scope.cancelled_caught:
-            raise self.timeout_error("total")
+        swallowed: list[BaseException] = []
+        try:
+            with anyio.CancelScope(deadline=self.total_deadline) as scope:
+                try:
+                    yield
+                except Exception:
+                    raise
+                except BaseException as e:
+                    swallowed.append(e)
+                    raise
+            if scope.cancelled_caught:
+                _forget_frames(swallowed)
+                raise self.timeout_error("total")
+        finally:
+            swallowed.clear()
 
     @contextlib.contextmanager
     def bounded(self, bound: str | None = None, deadline: float | None = None) -> Iterator[None]:
@@ -247,21 +259,29 @@ class Call:
         flight holds one context manager here, not two.)
         """
         refused: exc.InvalidRequestError | None = None
-        with anyio.CancelScope() as scope:
-            self._scope = scope
-            self._arm(bound, deadline)
-            try:
-                yield
-            except exc.StallproofError:
-                raise
-            except Exception as e:
-                refused = self._translate(e)
-            finally:
-                self._scope = None
-        if refused is not None:
-            raise refused  # outside the except block: no __context__ to carry the value
-        if scope.cancelled_caught:
-            raise self.timeout_error(self._bound)
+        swallowed: list[BaseException] = []
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                self._arm(bound, deadline)
+                try:
+                    yield
+                except exc.StallproofError:
+                    raise
+                except Exception as e:
+                    refused = self._translate(e)
+                except BaseException as e:
+                    swallowed.append(e)
+                    raise
+                finally:
+                    self._scope = None
+            if refused is not None:
+                raise refused  # outside the except block: no __context__ to carry the value
+            if scope.cancelled_caught:
+                _forget_frames(swallowed)
+                raise self.timeout_error(self._bound)
+        finally:
+            swallowed.clear()
 
     @contextlib.contextmanager
     def step(self, bound: str, deadline: float) -> Iterator[None]:
@@ -274,17 +294,25 @@ class Call:
         if deadline >= self.total_deadline:
             bound, deadline = "total", self.total_deadline
         refused: exc.InvalidRequestError | None = None
-        with anyio.CancelScope(deadline=deadline) as scope:
-            try:
-                yield
-            except exc.StallproofError:
-                raise
-            except Exception as e:
-                refused = self._translate(e)
-        if refused is not None:
-            raise refused  # outside the except block: no __context__ to carry the value
-        if scope.cancelled_caught:
-            raise self.timeout_error(bound)
+        swallowed: list[BaseException] = []
+        try:
+            with anyio.CancelScope(deadline=deadline) as scope:
+                try:
+                    yield
+                except exc.StallproofError:
+                    raise
+                except Exception as e:
+                    refused = self._translate(e)
+                except BaseException as e:
+                    swallowed.append(e)
+                    raise
+            if refused is not None:
+                raise refused  # outside the except block: no __context__ to carry the value
+            if scope.cancelled_caught:
+                _forget_frames(swallowed)
+                raise self.timeout_error(bound)
+        finally:
+            swallowed.clear()
 
     def rearm(self, bound: str | None, deadline: float | None = None) -> None:
         """Change the phase bound of the running `bounded` block (None: no phase bound)."""
@@ -412,6 +440,20 @@ class Call:
 
     def _where(self) -> str:
         return f"while {self.phase}"
+
+
+def _forget_frames(swallowed: list[BaseException]) -> None:
+    """Clear the locals of the frames a cancellation our scope swallowed went through.
+
+    Those frames have all returned (the cancellation unwound them), but anyio and asyncio
+    keep the exception in a local of one of them: a cycle with its own traceback that
+    would hold the whole call (its request, scope, telemetry) until the garbage collector
+    runs. The traceback itself, kept as the timeout's ``__context__``, still names every
+    frame and line; only their local variables go. (Our own frame is still running and is
+    left as it is.)
+    """
+    for error in swallowed:
+        traceback.clear_frames(error.__traceback__)
 
 
 def _describe(e: BaseException) -> str:
