@@ -108,6 +108,7 @@ class Call:
         "scope",
         "sent_at",
         "server_request_id",
+        "shared",
         "started",
         "status_code",
         "stream",
