@@ -152,4 +152,4 @@ class CallScope:
         self._registry.pop(id(self.call), None)
         # The call's phase changes no longer feed its telemetry; this also breaks the
         # call <-> telemetry cycle, so both are freed without the garbage collector.
-        self.call.observer = None
+        self.call.telemetry = None
