@@ -187,13 +187,21 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
             outcomes[f"untyped {type(e).__name__}"] += 1
         overshoot.append(time.monotonic() - start - TOTAL)
 
+    async def count_objects() -> None:
+        # Half-way to the deadline every call is in flight: what the GC has to walk.
+        await anyio.sleep(TOTAL / 2)
+        objects.append(len(gc.get_objects()) - baseline)
+
+    objects: list[int] = []
     gc.collect()
+    baseline = len(gc.get_objects())
     GC.reset()
     BOOKKEEPING.seconds, BOOKKEEPING.passes = 0.0, 0
     cpu = time.process_time()
     started = time.monotonic()
     with anyio.move_on_after(budget):
         async with anyio.create_task_group() as tg:
+            tg.start_soon(count_objects)
             for _ in range(calls):
                 tg.start_soon(one)
     wall = time.monotonic() - started
@@ -214,6 +222,7 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
         "unfinished": unfinished,
         "bookkeeping": (BOOKKEEPING.seconds, BOOKKEEPING.passes),
         "gc": gc_pauses,
+        "objects": objects[0] / calls if objects else math.nan,
     }
 
 
@@ -249,7 +258,7 @@ def main() -> None:
         BOOKKEEPING.install()
     columns = (
         "pool", "backend", "calls", "p50 ms", "p99 ms", "max ms", "start s", "cpu s", "gc s",
-        "gc max",
+        "gc max", "objs/call",
     )  # fmt: skip
     print(" ".join(f"{c:>8}" for c in columns) + "  outcomes")
     try:
@@ -270,6 +279,7 @@ def main() -> None:
                         f"{r['cpu']:>8.2f}",
                         f"{r['gc'][0]:>8.2f}",
                         f"{r['gc'][1]:>8.2f}",
+                        f"{r['objects']:>9.0f}",
                     ]
                     if args.bookkeeping:
                         seconds, passes = r["bookkeeping"]

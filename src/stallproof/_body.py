@@ -160,7 +160,7 @@ class ResponseBody:
         # Server-waiting time since the request was sent (first_token) or since the last
         # content event (idle).
         call = self._call
-        self._waited = anyio.current_time() - (call.sent_at or call.started)
+        self._waited = call.now() - (call.sent_at or call.started)
 
     @property
     def is_stream(self) -> bool:
@@ -193,11 +193,11 @@ class ResponseBody:
         call = self._call
         t = call.timeouts
         bound, limit = ("idle", t.idle) if self._seen_content else ("first_token", t.first_token)
-        start = anyio.current_time()
+        start = call.now()
         if start >= call.total_deadline:
             raise call.timeout_error("total")
         content = False
-        with call.step(bound, start + (limit - self._waited)), call.translate_errors():
+        with call.step(bound, start + (limit - self._waited)):
             try:
                 data = await self._raw.__anext__()
             except StopAsyncIteration:
@@ -225,7 +225,7 @@ class ResponseBody:
             self._seen_content = True
             self._waited = 0.0
         else:
-            self._waited += anyio.current_time() - start
+            self._waited += call.now() - start
 
     def _take(self, data: bytes) -> bool:
         """Keep decoded bytes for a byte reader and sort their events; True on content."""

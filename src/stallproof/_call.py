@@ -8,16 +8,19 @@ from httpcore's ``trace`` request extension, not from guessing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import re
 import secrets
-from collections.abc import Iterator, Mapping
+import traceback
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import httpcore2
+import sniffio
 
 from . import _exceptions as exc
 from ._config import Timeouts
@@ -27,7 +30,7 @@ from ._inflight import InflightCall
 if TYPE_CHECKING:
     from ._telemetry import CallTelemetry
 
-__all__ = ["Call", "new_request_id"]
+__all__ = ["Call", "loop_clock", "new_request_id"]
 
 # httpcore trace event -> the phase the call enters when it is emitted.
 _TRACE_PHASES = {
@@ -51,8 +54,69 @@ def new_request_id() -> str:
     return f"sp-{secrets.token_hex(12)}"
 
 
+_last_clock: tuple[asyncio.AbstractEventLoop, Callable[[], float]] | None = None
+
+
+def loop_clock() -> Callable[[], float]:
+    """The running event loop's clock: what `anyio.current_time` returns, looked up once.
+
+    `anyio.current_time` finds the backend through sniffio on every call; a call reads
+    the clock a dozen times, so it keeps the function it resolves to (asyncio's
+    ``loop.time``, trio's ``current_time``, which follows a test's ``MockClock``).
+    """
+    global _last_clock
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return anyio.current_time  # not in an event loop: anyio raises its own error
+    if library == "asyncio":
+        loop = asyncio.get_running_loop()
+        last = _last_clock
+        if last is not None and last[0] is loop:
+            return last[1]  # the same bound method for every call on this loop
+        clock = loop.time
+        _last_clock = (loop, clock)
+        return clock
+    if library == "trio":
+        import trio
+
+        return trio.current_time
+    return anyio.current_time  # pragma: no cover - another anyio backend
+
+
 class Call:
     """Clock, phase and armed bound of one logical call. Not shared between calls."""
+
+    __slots__ = (
+        "_bound",
+        "_registry",
+        "_scope",
+        "agent",
+        "attempt",
+        "bytes_received",
+        "content_chunks",
+        "headers_received",
+        "labels",
+        "last_progress",
+        "max_attempts",
+        "method",
+        "model",
+        "now",
+        "phase",
+        "phase_since",
+        "request_id",
+        "scope",
+        "sent_at",
+        "server_request_id",
+        "shared",
+        "started",
+        "status_code",
+        "stream",
+        "telemetry",
+        "timeouts",
+        "total_deadline",
+        "url",
+    )
 
     def __init__(
         self,
@@ -76,7 +140,9 @@ class Call:
         self.model = model
         self.agent = agent
         self.labels: Mapping[str, str] = labels or {}
-        self.started = anyio.current_time()
+        #: The event loop's clock (`anyio.current_time`'s value, without its lookup).
+        self.now = loop_clock()
+        self.started = self.now()
         self.total_deadline = self.started + timeouts.total
         # A `deadline()` scope around the call that ends before its own total clips it.
         self.scope = scope if scope is not None and scope.when < self.total_deadline else None
@@ -140,21 +206,21 @@ class Call:
         if content:
             self.content_chunks += 1
         if content or (nbytes and not self.stream):
-            self.last_progress = anyio.current_time()
+            self.last_progress = self.now()
 
     # -- clock ---------------------------------------------------------------------------
 
     def elapsed(self) -> float:
-        return anyio.current_time() - self.started
+        return self.now() - self.started
 
     def remaining(self) -> float:
-        return self.total_deadline - anyio.current_time()
+        return self.total_deadline - self.now()
 
     def set_phase(self, phase: str) -> None:
         if phase != self.phase:
             old = self.phase
             self.phase = phase
-            self.phase_since = self.last_progress = anyio.current_time()
+            self.phase_since = self.last_progress = self.now()
             if self.telemetry is not None:
                 self.telemetry.phase_changed(old, phase)
 
@@ -168,41 +234,86 @@ class Call:
         again around each step of a stream's iteration. A cancellation from outside (the
         caller's own scope) passes through untouched.
         """
-        with anyio.CancelScope(deadline=self.total_deadline) as scope:
-            yield
-        if scope.cancelled_caught:
-            raise self.timeout_error("total")
+        swallowed: list[BaseException] = []
+        try:
+            with anyio.CancelScope(deadline=self.total_deadline) as scope:
+                try:
+                    yield
+                except Exception:
+                    raise
+                except BaseException as e:
+                    swallowed.append(e)
+                    raise
+            if scope.cancelled_caught:
+                _forget_frames(swallowed)
+                raise self.timeout_error("total")
+        finally:
+            swallowed.clear()
 
     @contextlib.contextmanager
     def bounded(self, bound: str | None = None, deadline: float | None = None) -> Iterator[None]:
-        """Run the body under a phase bound (first_token or idle) that `rearm` can move.
+        """Run the body under a phase bound (first_token or idle) that `rearm` can move,
+        with the pool's errors translated to ours (`_translate`).
 
         Nested inside `total_scope`, so the phase bound fails one attempt (which a retry
-        may repeat) while total ends the call.
+        may repeat) while total ends the call. (One generator for both: an attempt in
+        flight holds one context manager here, not two.)
         """
-        with anyio.CancelScope() as scope:
-            self._scope = scope
-            self._arm(bound, deadline)
-            try:
-                yield
-            finally:
-                self._scope = None
-        if scope.cancelled_caught:
-            raise self.timeout_error(self._bound)
+        refused: exc.InvalidRequestError | None = None
+        swallowed: list[BaseException] = []
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                self._arm(bound, deadline)
+                try:
+                    yield
+                except exc.StallproofError:
+                    raise
+                except Exception as e:
+                    refused = self._translate(e)
+                except BaseException as e:
+                    swallowed.append(e)
+                    raise
+                finally:
+                    self._scope = None
+            if refused is not None:
+                raise refused  # outside the except block: no __context__ to carry the value
+            if scope.cancelled_caught:
+                _forget_frames(swallowed)
+                raise self.timeout_error(self._bound)
+        finally:
+            swallowed.clear()
 
     @contextlib.contextmanager
     def step(self, bound: str, deadline: float) -> Iterator[None]:
         """One scope for one step of a stream: total and a phase bound, whichever is first.
 
-        `total_scope` + `bounded` in a single cancel scope; a stream step is never retried,
-        so the two need not be told apart by nesting.
+        `total_scope` + `bounded` in a single cancel scope, errors translated as in
+        `bounded`; a stream step is never retried, so the two bounds need not
+        be told apart by nesting.
         """
         if deadline >= self.total_deadline:
             bound, deadline = "total", self.total_deadline
-        with anyio.CancelScope(deadline=deadline) as scope:
-            yield
-        if scope.cancelled_caught:
-            raise self.timeout_error(bound)
+        refused: exc.InvalidRequestError | None = None
+        swallowed: list[BaseException] = []
+        try:
+            with anyio.CancelScope(deadline=deadline) as scope:
+                try:
+                    yield
+                except exc.StallproofError:
+                    raise
+                except Exception as e:
+                    refused = self._translate(e)
+                except BaseException as e:
+                    swallowed.append(e)
+                    raise
+            if refused is not None:
+                raise refused  # outside the except block: no __context__ to carry the value
+            if scope.cancelled_caught:
+                _forget_frames(swallowed)
+                raise self.timeout_error(bound)
+        finally:
+            swallowed.clear()
 
     def rearm(self, bound: str | None, deadline: float | None = None) -> None:
         """Change the phase bound of the running `bounded` block (None: no phase bound)."""
@@ -275,41 +386,39 @@ class Call:
         if phase is not None:
             self.set_phase(phase)
         if event in _SENT_EVENTS:
-            self.sent_at = anyio.current_time()
+            self.sent_at = self.now()
             self.set_phase("awaiting headers")
             # From here until content arrives, first_token applies as well as total.
             self.rearm("first_token", self.sent_at + self.timeouts.first_token)
 
     # -- one boundary for httpx's errors --------------------------------------------------
 
-    @contextlib.contextmanager
-    def translate_errors(self) -> Iterator[None]:
-        """Turn the pool's (httpcore2's) exceptions into ours, with the bound or phase."""
+    def _translate(self, e: Exception) -> exc.InvalidRequestError:
+        """Raise ``e`` as ours (``from e``), or return a refusal to raise with no context.
+
+        The one boundary for the pool's errors, called from the ``except`` clauses of
+        `bounded` and `step`.
+        """
         t = self.timeouts
-        refused: exc.InvalidRequestError | None = None
-        try:
-            yield
-        except exc.StallproofError:
-            raise  # already ours (and a TimeoutError is an OSError: not a lost connection)
-        except (httpcore2.UnsupportedProtocol, httpcore2.LocalProtocolError) as e:
+        if isinstance(e, (httpcore2.UnsupportedProtocol, httpcore2.LocalProtocolError)):
             # Its text may quote a header value (h11: "Illegal header value b'Bearer
             # sk-...'"): keep only the words before the first quote, and chain nothing,
             # so no message, log line or __context__ carries the value.
             said = re.split(r"""['"]""", str(e), maxsplit=1)[0].strip(" :")
-            refused = self.error(
+            return self.error(
                 exc.InvalidRequestError, f"request cannot be sent: {said or type(e).__name__}"
             )
-        except httpcore2.ConnectTimeout as e:
+        if isinstance(e, httpcore2.ConnectTimeout):
             raise self.timeout_error("connect", t.connect) from e
-        except httpcore2.ReadTimeout as e:
+        if isinstance(e, httpcore2.ReadTimeout):
             raise self.timeout_error("read", t.read) from e
-        except httpcore2.WriteTimeout as e:
+        if isinstance(e, httpcore2.WriteTimeout):
             raise self.timeout_error("write", t.write) from e
-        except httpcore2.PoolTimeout as e:
+        if isinstance(e, httpcore2.PoolTimeout):
             raise self.timeout_error("pool", t.pool) from e
-        except (httpcore2.ConnectError, httpcore2.ProxyError) as e:
+        if isinstance(e, (httpcore2.ConnectError, httpcore2.ProxyError)):
             raise self.error(exc.ConnectError, f"could not connect: {_describe(e)}") from e
-        except httpcore2.RemoteProtocolError as e:
+        if isinstance(e, httpcore2.RemoteProtocolError):
             if self.headers_received:
                 raise self.error(
                     exc.TruncatedResponse, f"response ended early: {_describe(e)}"
@@ -317,22 +426,35 @@ class Call:
             raise self.error(
                 exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
             ) from e
-        except (httpcore2.ReadError, httpcore2.WriteError, httpcore2.NetworkError) as e:
+        if isinstance(e, (httpcore2.ReadError, httpcore2.WriteError, httpcore2.NetworkError)):
             raise self.error(
                 exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
             ) from e
-        except (httpcore2.TimeoutException, httpcore2.ProtocolError) as e:
+        if isinstance(e, (httpcore2.TimeoutException, httpcore2.ProtocolError)):
             raise self.error(exc.TransportError, _describe(e)) from e
-        except OSError as e:
+        if isinstance(e, OSError):
             # A socket error the pool did not map (e.g. raised while closing).
             raise self.error(
                 exc.ConnectionLost, f"connection lost {self._where()}: {_describe(e)}"
             ) from e
-        if refused is not None:
-            raise refused  # outside the except block: no __context__ to carry the value
+        raise e
 
     def _where(self) -> str:
         return f"while {self.phase}"
+
+
+def _forget_frames(swallowed: list[BaseException]) -> None:
+    """Clear the locals of the frames a cancellation our scope swallowed went through.
+
+    Those frames have all returned (the cancellation unwound them), but anyio and asyncio
+    keep the exception in a local of one of them: a cycle with its own traceback that
+    would hold the whole call (its request, scope, telemetry) until the garbage collector
+    runs. The traceback itself, kept as the timeout's ``__context__``, still names every
+    frame and line; only their local variables go. (Our own frame is still running and is
+    left as it is.)
+    """
+    for error in swallowed:
+        traceback.clear_frames(error.__traceback__)
 
 
 def _describe(e: BaseException) -> str:

@@ -150,3 +150,6 @@ class CallScope:
                 succeeded=error is None and complete,
             )
         self._registry.pop(id(self.call), None)
+        # The call's phase changes no longer feed its telemetry; this also breaks the
+        # call <-> telemetry cycle, so both are freed without the garbage collector.
+        self.call.telemetry = None

@@ -53,7 +53,7 @@ from ._decoding import (
 from ._inflight import InflightCall, current_tags
 from ._json import OFF_LOOP_BYTES, loads
 from ._pacer import Pacer, PacerRuntime, PacerState
-from ._pool import WireStats
+from ._pool import Wire, WireStats
 from ._progress import Outcome
 from ._proxy import ProxyTypes
 from ._redact import check_headers
@@ -349,9 +349,35 @@ class Engine:
     ) -> Incoming:
         """The retry loop: attempts until one succeeds, all inside the total deadline.
 
-        A non-2xx answer goes through the loop as its `APIStatusError` (the policy decides
-        on those); when the loop gives up on one, the response itself goes back to `send`.
+        The first attempt runs on its own: most calls succeed at once, and tenacity's
+        machinery (its loop, its state, closures per call) is built only when a failure
+        may be retried. A non-2xx answer goes through the loop as its `APIStatusError`
+        (the policy decides on those); when the loop gives up on one, the response itself
+        goes back to `send`.
         """
+        try:
+            return await self._spanned_attempt(out, scope, circuit, 1, policy.attempts)
+        except BaseException as e:
+            # (No local keeps the error: it would make a cycle with its traceback.)
+            if policy.attempts == 1 or not policy.retryable(
+                e.error if isinstance(e, _StatusFailure) else e
+            ):
+                raise  # what tenacity would do: nothing to decide, no budget drawn
+            first = e
+        try:
+            return await self._retry(out, scope, policy, circuit, first)
+        finally:
+            del first  # no cycle through this frame's traceback
+
+    async def _retry(
+        self,
+        out: Outgoing,
+        scope: CallScope,
+        policy: Retry,
+        circuit: Circuit | None,
+        first: BaseException,
+    ) -> Incoming:
+        """tenacity's loop after a retryable first failure, which it sees as attempt 1."""
         call = scope.call
         retrying = make_retrying(
             policy,
@@ -367,10 +393,9 @@ class Engine:
                 with attempt:
                     n += 1
                     try:
-                        with scope.telemetry.attempt(n, out.url) as carrier:
-                            return await self._attempt(
-                                out, scope, circuit, n, policy.attempts, carrier
-                            )
+                        if n == 1:
+                            raise first
+                        return await self._spanned_attempt(out, scope, circuit, n, policy.attempts)
                     except _StatusFailure as failure:
                         last = failure
                         raise failure.error from None
@@ -378,7 +403,15 @@ class Engine:
             if last is not None and e is last.error:
                 raise last from None
             raise
+        finally:
+            del last, retrying, first  # no cycle through this frame's traceback
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    async def _spanned_attempt(
+        self, out: Outgoing, scope: CallScope, circuit: Circuit | None, n: int, of: int
+    ) -> Incoming:
+        with scope.telemetry.attempt(n, out.url) as carrier:
+            return await self._attempt(out, scope, circuit, n, of, carrier)
 
     async def _attempt(
         self,
@@ -409,7 +442,7 @@ class Engine:
         wire: httpcore2.Response | None = None
         stream: ResponseBody | None = None
         try:
-            with call.bounded(), call.translate_errors():
+            with call.bounded():
                 wire = await self.pool.send(request)
                 call.headers_received = True
                 call.status_code = status = wire.status
@@ -463,7 +496,7 @@ class Engine:
             await _release(wire, stream)
             raise
         if stream is None:
-            await _release(wire, None)
+            await self._close_read(wire)
         scope.attempt_ended(None, status)
         return Incoming(status, headers, _extensions(wire), body, call)
 
@@ -489,6 +522,7 @@ class Engine:
         buf = bytearray()
         first = True
         raw = wire.stream.__aiter__()  # type: ignore[union-attr]
+        exhausted = False
         try:
             with typed_errors(call, cap):
                 try:
@@ -502,6 +536,7 @@ class Engine:
                             buf += piece
                             if not decoder.identity:
                                 await anyio.lowlevel.checkpoint()
+                    exhausted = True
                     decoder.finish()
                 except TooLarge as over:
                     if not error:
@@ -513,9 +548,28 @@ class Engine:
                     # An error body that does not decode: the status is the answer, with
                     # what decoded before the fault.
         finally:
-            with anyio.move_on_after(5.0, shield=True):
-                await aclose_iterator(raw)
+            if exhausted and self._closes_bounded():
+                # Closing an iterator that ran to its end is local: no timer for it.
+                with anyio.CancelScope(shield=True):
+                    await aclose_iterator(raw)
+            else:
+                with anyio.move_on_after(5.0, shield=True):
+                    await aclose_iterator(raw)
         return bytes(buf)
+
+    def _closes_bounded(self) -> bool:
+        # stallproof's own pool bounds every close itself, shielded (see `_pool.Wire`).
+        return isinstance(self.pool, Wire)
+
+    async def _close_read(self, wire: httpcore2.Response) -> None:
+        """Give back the connection of a body read to its end."""
+        if self._closes_bounded():
+            # Our pool bounds its own closing (shielded, with a timeout where there is
+            # I/O): no second timer per call for a body that is already read.
+            with anyio.CancelScope(shield=True):
+                await wire.aclose()
+        else:
+            await close_wire(wire)
 
     # -- resolving per-call settings ---------------------------------------------------------
 

@@ -31,9 +31,12 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import baggage, metrics, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from . import _exceptions as exc
 from ._version import __version__
@@ -290,6 +293,11 @@ class CallTelemetry:
         self.attempt_started(n, url, carrier)
         span = self._attempt_span
         assert span is not None
+        if not carrier and _inert(span):
+            # No trace at all (no SDK, no parent, nothing to propagate): nothing inside
+            # the attempt could use the span, so it is not made current.
+            yield carrier
+            return
         ctx = trace.set_span_in_context(span)
         if _SUPPRESS_HTTP is not None:
             ctx = otel_context.set_value(_SUPPRESS_HTTP, True, ctx)
@@ -315,8 +323,11 @@ class CallTelemetry:
             if n > 1:
                 attrs["http.request.resend_count"] = n - 1
             span.set_attributes(attrs)
-        # W3C trace context for the server, whether or not we record.
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        # W3C trace context for the server, whether or not we record (a sampled-out span
+        # still carries its trace id); skipped only when the default propagators would
+        # write nothing: no valid span and no baggage.
+        if not _inert(span) or not _default_propagation() or baggage.get_all():
+            propagate.inject(carrier, context=trace.set_span_in_context(span))
 
     def attempt_ended(self, error: BaseException | None, status: int | None = None) -> None:
         outcome = "ok" if error is None else self._error_type(error)
@@ -503,6 +514,28 @@ class CallTelemetry:
         if isinstance(error, exc.StallproofError):
             return f"stallproof.{type(error).__name__}"
         return type(error).__qualname__
+
+
+def _inert(span: trace.Span) -> bool:
+    """A span of no trace: not recording, with no valid context (OpenTelemetry's no-op)."""
+    return not span.is_recording() and not span.get_span_context().is_valid
+
+
+_textmap_checked: tuple[object, bool] = (None, False)
+
+
+def _default_propagation() -> bool:
+    """Whether the global propagator is W3C trace context and/or baggage only (the API's
+    default), which writes nothing for an invalid span and empty baggage."""
+    global _textmap_checked
+    textmap = propagate.get_global_textmap()
+    if _textmap_checked[0] is not textmap:
+        parts: list[object] = [textmap]
+        if isinstance(textmap, CompositePropagator):
+            parts = list(textmap._propagators)
+        known = (TraceContextTextMapPropagator, W3CBaggagePropagator)
+        _textmap_checked = (textmap, all(type(p) in known for p in parts))
+    return _textmap_checked[1]
 
 
 def _request_attributes(body: Mapping[str, Any]) -> dict[str, Any]:
