@@ -35,9 +35,11 @@ WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal
 
-## The loop for local work (under a minute): everything but the tests marked `slow`.
+## The loop for local work (under a minute): everything but the tests marked `slow`. Its
+## time is mostly deadlines waiting, so more workers than `test` uses.
+QUICK_WORKERS ?= 6
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal -m "not slow and not frameworks"
+	$(BIN)/python -m pytest -n $(QUICK_WORKERS) --dist worksteal -m "not slow and not frameworks"
 
 ## The suite RUNS times while two busy loops keep both cores loaded (scripts/stress_tests.py).
 RUNS ?= 5

@@ -12,6 +12,9 @@ stalled connections on purpose needs a cap on how many it holds.
 - **Out of descriptors**: the acceptor logs one warning for the episode, waits (until a
   connection ends, or at most `_RETRY_MAX` seconds, doubling from `_RETRY_MIN`) and tries
   again; it logs one line more (at INFO) when it accepts again. No traceback, no busy loop.
+  While many connections close at once, the acceptor can run out, accept one, and run out
+  again many times a second: an episode that starts within `_QUIET` seconds of the last
+  warning is logged at DEBUG only, so one shortage is one warning.
 
 It has the `close()`/`wait_closed()` surface of `asyncio.Server`.
 """
@@ -37,6 +40,7 @@ _EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _RETRY_MIN = 0.01
 _RETRY_MAX = 0.5  # bounds how long an accept waits after descriptors are freed elsewhere.
 _FAIR = 64  # accepts in a row before the acceptor lets the connections run.
+_QUIET = 30.0  # seconds after a warning in which a new shortage is not warned about again.
 
 
 class Acceptor:
@@ -85,6 +89,8 @@ class Acceptor:
         loop = asyncio.get_running_loop()
         retry = _RETRY_MIN
         episode: float | None = None  # when the current descriptor shortage began.
+        warned = -_QUIET  # when the last shortage was warned about.
+        quiet = False  # whether the current shortage is logged at DEBUG only.
         streak = 0
         while not self._closed:
             while self._open >= self._max:
@@ -100,7 +106,10 @@ class Acceptor:
                 self.refused += 1
                 if episode is None:
                     episode = time.monotonic()
-                    logger.warning(
+                    quiet = episode - warned < _QUIET
+                    warned = warned if quiet else episode
+                    logger.log(
+                        logging.DEBUG if quiet else logging.WARNING,
                         "fault_server: out of file descriptors (%s) with %d connection(s) "
                         "open: new connections wait in the backlog until some close",
                         errno.errorcode.get(exc.errno or 0, exc.errno),
@@ -112,7 +121,8 @@ class Acceptor:
                 retry = min(retry * 2, _RETRY_MAX)
                 continue
             if episode is not None:
-                logger.info(
+                logger.log(
+                    logging.DEBUG if quiet else logging.INFO,
                     "fault_server: accepting again after %.1f s out of file descriptors "
                     "(%d accept(s) refused)",
                     time.monotonic() - episode,

@@ -207,7 +207,8 @@ class Engine:
         self.limits = limits
         self.retry = retry or _NO_RETRY
         self._retry_tokens = RetryTokens(retry_budget) if retry_budget is not None else None
-        stores = Stores(meter_provider)  # fleet state on Redis, if the policies share any
+        # Fleet state on Redis, if the policies share any.
+        self.stores = stores = Stores(meter_provider)
         self._breakers = BreakerRegistry(breaker, stores=stores) if breaker is not None else None
         self._pacing = PacerRuntime(pacer, stores=stores) if pacer is not None else None
         self._owns_pool = pool is None

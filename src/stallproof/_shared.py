@@ -343,12 +343,16 @@ class SharedStore:
                 )
             self.health, self.reason = Health.SHARED, ""
 
-    async def aclose(self) -> None:
-        """Wait (at most ``op_timeout``) for background operations, then close the client."""
+    async def settle(self) -> None:
+        """Wait (at most ``op_timeout``) for the background operations sent so far
+        (releases, outcomes) to be answered or given up."""
         with anyio.move_on_after(self.config.op_timeout, shield=True):
             for task in list(self._tasks):
-                with anyio.move_on_after(self.config.op_timeout):
-                    await asyncio.wait({task})
+                await asyncio.wait({task})
+
+    async def aclose(self) -> None:
+        """Wait (at most ``op_timeout``) for background operations, then close the client."""
+        await self.settle()
         for task in list(self._tasks):
             task.cancel()
         client, self._client = self._client, None
@@ -364,6 +368,11 @@ class Stores:
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
         self._meter_provider = meter_provider
         self._stores: dict[RedisState, SharedStore] = {}
+
+    async def settle(self) -> None:
+        """`SharedStore.settle` for each store: each waits at most its ``op_timeout``."""
+        for store in list(self._stores.values()):
+            await store.settle()
 
     def get(self, config: RedisState) -> SharedStore:
         store = self._stores.get(config)

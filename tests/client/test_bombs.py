@@ -25,7 +25,6 @@ import stallproof
 
 from ..support.clients import assert_pool_clean
 from ..support.rawserver import always, response
-from ..support.timing import stopwatch
 
 pytestmark = pytest.mark.anyio
 
@@ -33,6 +32,13 @@ MSGS = [{"role": "user", "content": "hello there"}]
 CAP = 1024 * 1024
 LIMITS = stallproof.Limits(max_response_bytes=CAP, max_line_bytes=64 * 1024)
 MiB = 1024 * 1024
+# Bombs decode to SIZE_MIB MiB, 16 times the cap: an uncut one would peak far above the 8x
+# the tests allow, and building them costs each test worker well under a second.
+SIZE_MIB = 16
+# The proof that a bomb is cut is the heap's peak (`Peak`), not a stopwatch: MiBs of zeros
+# decode in ~0.2 s whether cut or not, and a loaded machine can take longer than that to run
+# the cut call. Time is bounded by the client's total (5 s): a call that ran into it would
+# raise TotalTimeout, not the error each test expects.
 
 
 def _gzip(parts: Callable[[], Any], wbits: int = 31) -> bytes:
@@ -51,7 +57,7 @@ def _zstd(parts: Callable[[], Any]) -> bytes:
 
 
 @functools.cache
-def bomb(encoding: str, filler: bytes = b"\0", mib: int = 64) -> bytes:
+def bomb(encoding: str, filler: bytes = b"\0", mib: int = SIZE_MIB) -> bytes:
     """``mib`` MiB of ``filler`` under ``encoding`` (a few KB on the wire)."""
 
     def parts() -> Any:
@@ -95,10 +101,9 @@ async def test_a_success_body_bomb_is_response_too_large(
     body = bomb(encoding)
     srv = raw_server(always(response(200, body, {"content-encoding": encoding})))
     client = make_client(srv.url, limits=LIMITS, timeout=5)
-    with Peak() as mem, stopwatch() as elapsed, pytest.raises(stallproof.ResponseTooLarge) as e:
+    with Peak() as mem, pytest.raises(stallproof.ResponseTooLarge) as e:
         await client.chat.completions.create(model="m", messages=MSGS)
     assert e.value.limit == CAP and e.value.stallproof_request_id
-    assert elapsed[0] < 2.0
     assert mem.peak < 8 * CAP, mem.peak
     assert_pool_clean(client)
 
@@ -110,24 +115,23 @@ async def test_an_error_body_bomb_is_cut_at_the_error_cap(
     body = bomb(encoding)
     srv = raw_server(always(response(500, body, {"content-encoding": encoding})))
     client = make_client(srv.url, limits=LIMITS, timeout=5)
-    with Peak() as mem, stopwatch() as elapsed, pytest.raises(stallproof.InternalServerError) as e:
+    with Peak() as mem, pytest.raises(stallproof.InternalServerError) as e:
         await client.chat.completions.create(model="m", messages=MSGS)
     # Decoded (zeros, not compressed bytes) and cut at max_error_body_bytes.
     assert e.value.body == "\0" * LIMITS.max_error_body_bytes
     assert "content-encoding" not in e.value.headers
-    assert elapsed[0] < 2.0
     assert mem.peak < 8 * CAP, mem.peak
 
 
 @functools.cache
 def _sse_bomb() -> bytes:
-    """gzip of a content event, then blank lines (valid SSE, no events) up to 64 MiB."""
+    """gzip of a content event, then blank lines (valid SSE, no events): SIZE_MIB MiB."""
     chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
     first = (
         b"data: "
         + json.dumps({**chunk, "choices": [{"index": 0, "delta": {"content": "hi"}}]}).encode()
     )
-    return _gzip(lambda: [first + b"\n\n", *(b"\n" * MiB for _ in range(64))])
+    return _gzip(lambda: [first + b"\n\n", *(b"\n" * MiB for _ in range(SIZE_MIB))])
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
@@ -137,12 +141,11 @@ async def test_a_stream_bomb_is_response_too_large(
     headers = {"content-type": "text/event-stream", "content-encoding": encoding}
     srv = raw_server(always(response(200, bomb(encoding, b"\n"), headers)))
     client = make_client(srv.url, limits=LIMITS, timeout=5)
-    with Peak() as mem, stopwatch() as elapsed, pytest.raises(stallproof.ResponseTooLarge) as e:
+    with Peak() as mem, pytest.raises(stallproof.ResponseTooLarge) as e:
         s = await client.chat.completions.create(model="m", messages=MSGS, stream=True)
         async for _ in s:
             pass
     assert e.value.limit == CAP
-    assert elapsed[0] < 2.0
     assert mem.peak < 8 * CAP, mem.peak
     assert_pool_clean(client)
     assert client.inflight() == ()
@@ -165,7 +168,7 @@ async def test_bombs_through_the_transports(
 ) -> None:
     srv = raw_server(always(response(status, bomb(encoding), {"content-encoding": encoding})))
     async with _http_client(lib) as client:
-        with Peak() as mem, stopwatch() as elapsed:
+        with Peak() as mem:
             if status == 200:
                 with pytest.raises(stallproof.ResponseTooLarge) as e:
                     await client.post(srv.url + "/chat/completions", content=b"{}")
@@ -175,7 +178,6 @@ async def test_bombs_through_the_transports(
                 # The library gets the decoded, capped body and no Content-Encoding.
                 assert r.status_code == 500 and "content-encoding" not in r.headers
                 assert r.content == b"\0" * LIMITS.max_error_body_bytes
-        assert elapsed[0] < 2.0
         assert mem.peak < 8 * CAP, mem.peak
 
 

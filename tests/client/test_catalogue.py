@@ -16,25 +16,13 @@ import fault_server
 import stallproof
 
 from ..support.clients import assert_pool_clean, warm
+from ..support.sdk_catalogue import BUDGET, LIMITS, OK, PARAMS, TOOL_FAULTS, TOOLS
 from ..support.timing import MARGIN, stopwatch
 
-pytestmark = pytest.mark.anyio
+# Breadth over the whole catalogue: `make test` runs it, the quick loop leaves it out.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-BUDGET = stallproof.Timeouts(
-    connect=1, read=1, write=1, pool=1, first_token=0.6, idle=0.5, total=1.2
-)
-LIMITS = stallproof.Limits(max_response_bytes=2 * 1024 * 1024, max_line_bytes=256 * 1024)
-PARAMS: dict[str, dict[str, Any]] = {
-    "huge_body": {"size": 8 * 1024 * 1024},
-    "token_rate": {"tps": 50},
-    # Slices of 32 bytes: a few hundred writes, which a loaded machine schedules within the
-    # budget (8-byte slices, a thousand sleeps, did not always).
-    "slicer": {"interval": 0.001, "size": 32},
-}
-TOOLS = [{"type": "function", "function": {"name": "save", "parameters": {"type": "object"}}}]
-TOOL_FAULTS = {"tool_split", "index_gap", "tool_args_unclosed"}
 
-OK = "ok"
 # (fault, stream) -> outcome. Both modes unless a mode is named.
 EXPECTED: dict[str, tuple[str, str]] = {
     # fault: (non-stream, stream)

@@ -63,9 +63,11 @@ def test_out_of_descriptors_the_server_idles_logs_once_and_recovers(tmp_path: Pa
     text = Path(err).read_text(encoding="utf-8", errors="replace")
     assert busy < 0.5, f"the server burned {busy:.2f} s of CPU in 2 s out of descriptors"
     assert "Traceback" not in text, text[:2000]
-    # one line for the episode (closing the 400 may start a short second one: one more line)
+    # One warning for the shortage. Closing the 400 frees descriptors in a rush that can run
+    # the server out again and again for a moment: those short episodes are not warned anew.
     assert during.count("out of file descriptors") == 1, during[:2000]
-    assert len(text.splitlines()) <= 4, text[:2000]
+    assert text.count("out of file descriptors") == 1, text[:2000]
+    assert len(text.splitlines()) <= 3, text[:2000]
     assert answer.status == 200, answer
     assert recovered < 2.0
 

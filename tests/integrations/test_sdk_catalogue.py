@@ -42,7 +42,8 @@ from ..support.sdk_catalogue import (
 )
 from ..support.timing import MARGIN, SentClock
 
-pytestmark = pytest.mark.anyio
+# Breadth over the whole catalogue: `make test` runs it, the quick loop leaves it out.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 EXPECTED: dict[str, tuple[str, str]] = {
     "healthy": (OK, OK),

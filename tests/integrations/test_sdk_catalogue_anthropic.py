@@ -25,6 +25,7 @@ from ..support.timing import MARGIN, SentClock
 
 pytestmark = [
     pytest.mark.anyio,
+    pytest.mark.slow,  # breadth over the whole catalogue: the quick loop leaves it out
     # On an error event, anthropic's stream raises from inside its own async generator and
     # drops the chain under it unfinished (its decoder, httpx2's and our body iterators):
     # trio reports each one when the GC collects it. The connection is released all the

@@ -19,14 +19,12 @@ import stallproof.anthropic
 import stallproof.openai
 
 from ..support.clients import KEY, sdk_pool_held
+from ..support.sdk_catalogue import BUDGET
 from ..support.timing import MARGIN, SentClock, stopwatch
 
 pytestmark = pytest.mark.anyio
 
 MSGS: Any = [{"role": "user", "content": "hi"}]
-BUDGET = stallproof.Timeouts(
-    connect=1, read=1, write=1, pool=1, first_token=0.6, idle=0.5, total=1.2
-)
 FAST = stallproof.Retry(attempts=3, backoff_base=0.01, backoff_max=0.02)
 
 

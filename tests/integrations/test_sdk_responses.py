@@ -22,7 +22,8 @@ from ..support.clients import KEY, sdk_pool_held
 from ..support.sdk_catalogue import BUDGET, LIMITS, OK, T, limit_of, outcome_of
 from ..support.timing import MARGIN, SentClock
 
-pytestmark = pytest.mark.anyio
+# Breadth over the whole catalogue: `make test` runs it, the quick loop leaves it out.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 # fault: (non-stream, stream) -> the SDK's error class / the stallproof error as its cause.
 EXPECTED: dict[str, tuple[str, str]] = {

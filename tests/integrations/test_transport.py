@@ -28,7 +28,8 @@ BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]
 STREAM_BODY = json.dumps(
     {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 )
-BOUNDS = Timeouts(connect=2, read=2, write=2, pool=2, first_token=0.6, idle=0.5, total=1.2)
+# total 0.5 s past first_token + idle, so that a late first event still ends in idle.
+BOUNDS = Timeouts(connect=2, read=2, write=2, pool=2, first_token=0.6, idle=0.5, total=1.6)
 HOLD = 20
 
 

@@ -18,9 +18,30 @@ from typing import Any
 
 import pytest
 
+import stallproof
+
 REDIS_BINARY = shutil.which("redis-server") or next(
     (p for p in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.path.exists(p)), None
 )
+
+
+# op_timeout for tests against a healthy redis-server: long enough that a loaded machine
+# never turns a slow answer into a fallback to local state (the default, 0.1 s, is for
+# production, where falling back early is the point). Tests of Redis trouble set their own.
+OP_TIMEOUT = 2.0
+
+
+def healthy_state(url: str, prefix: str, **settings: Any) -> stallproof.RedisState:
+    """A `stallproof.RedisState` for a healthy redis-server (`OP_TIMEOUT` unless given)."""
+    settings.setdefault("op_timeout", OP_TIMEOUT)
+    return stallproof.RedisState(url, prefix=prefix, **settings)
+
+
+async def settled(client: Any) -> None:
+    """Wait until the operations the client sent to Redis in the background (releases,
+    outcomes) are answered, each store at most its ``op_timeout``: the seam tests use
+    instead of sleeping for a guessed time."""
+    await client._engine.stores.settle()
 
 
 def free_port() -> int:

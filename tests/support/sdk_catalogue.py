@@ -1,5 +1,5 @@
-"""What the SDK catalogue tests share: the budget, the fault parameters, and how an SDK's
-error is named (its class / the stallproof error behind it)."""
+"""What the catalogue tests (the client's and the SDKs') share: the budget, the fault
+parameters, and how an SDK's error is named (its class / the stallproof error behind it)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import openai
 
 import stallproof
 
+# total leaves 0.5 s after first_token + idle: a content event that a loaded machine delivers
+# just before first_token fires still ends in IdleTimeout, not in total (at 1.2 the margin was
+# 0.1 s, and a busy CI runner crossed it).
 BUDGET = stallproof.Timeouts(
-    connect=1, read=1, write=1, pool=1, first_token=0.6, idle=0.5, total=1.2
+    connect=1, read=1, write=1, pool=1, first_token=0.6, idle=0.5, total=1.6
 )
 LIMITS = stallproof.Limits(max_response_bytes=2 * 1024 * 1024, max_line_bytes=256 * 1024)
 PARAMS: dict[str, dict[str, Any]] = {
