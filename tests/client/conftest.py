@@ -8,6 +8,9 @@ import pytest
 
 from ..support.fleet import FleetWorkers, RedisServer, started_redis
 
+# An autouse fixture: the SDKs' models are built before the first timed call.
+from ..support.sdk_catalogue import sdk_types_built  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import openai
+import pytest
 
 import stallproof
 
@@ -48,3 +49,52 @@ def outcome_of(error: BaseException) -> str:
 def limit_of(error: BaseException, default: float) -> float:
     named = error if isinstance(error, stallproof.StallproofError) else error.__cause__
     return named.limit if isinstance(named, stallproof.TimeoutException) else default
+
+
+def warm_sdk_types(base_url: str) -> None:
+    """One healthy call of each kind the SDK tests time (openai chat and Responses, plain
+    and stream; anthropic Messages, plain and stream), through the faces, so that their
+    timed calls do not pay the SDKs' first-use costs.
+
+    The SDKs build their pydantic models lazily, on the first response of each kind: ~0.8 s
+    of CPU for the Responses events on an idle machine, several seconds on a loaded one. A
+    call whose events arrive during that work sees its deadline pass while the caller's own
+    code holds the event loop, which no bound can preempt. Runs its own event loop:
+    call it where none runs (a sync fixture).
+    """
+    import anyio
+
+    import stallproof.anthropic
+    import stallproof.openai
+
+    from .clients import KEY
+
+    messages: Any = [{"role": "user", "content": "hi"}]
+
+    async def calls() -> None:
+        with anyio.fail_after(60):
+            async with stallproof.openai.AsyncOpenAI(api_key=KEY, base_url=base_url) as ai:
+                await ai.chat.completions.create(model="m", messages=messages)
+                async for _ in await ai.chat.completions.create(
+                    model="m", messages=messages, stream=True
+                ):
+                    pass
+                await ai.responses.create(model="m", input="hi")
+                async for _ in await ai.responses.create(model="m", input="hi", stream=True):
+                    pass
+            claude_url = base_url.removesuffix("/v1")
+            async with stallproof.anthropic.AsyncAnthropic(api_key=KEY, base_url=claude_url) as a:
+                await a.messages.create(model="m", max_tokens=16, messages=messages)
+                async for _ in await a.messages.create(
+                    model="m", max_tokens=16, messages=messages, stream=True
+                ):
+                    pass
+
+    anyio.run(calls)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sdk_types_built(fault_server: Any) -> None:
+    """Autouse in the client and integration groups (their conftest imports it): once per
+    test process, before the first timed call, `warm_sdk_types`."""
+    warm_sdk_types(fault_server.url())
