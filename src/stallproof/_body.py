@@ -282,6 +282,14 @@ class ResponseBody:
                     yield self._chunks.popleft()
                 if self._state is not _State.LIVE:
                     break
+                if self.outcome.saw_done:
+                    # The stream said it is complete ([DONE], response.completed,
+                    # message_stop): what follows is at most the end of the HTTP body. An
+                    # SDK reads on to the end of the body (the Responses and Messages
+                    # streams do), so a server that holds the socket open after its last
+                    # event would turn a complete answer into an idle timeout.
+                    await self._drain()
+                    break
                 await self._guarded_step()
         finally:
             await self.aclose()
@@ -319,6 +327,12 @@ class ResponseBody:
         Reading the end of the HTTP body lets the connection go back to the pool; a server
         that holds the socket open after its last event costs at most a quarter second.
         """
+        await self._drain()
+        await self.aclose()
+
+    async def _drain(self) -> None:
+        """Read the rest of the body, discarded, for at most `_DRAIN_BOUND` (and never past
+        total): DRAINED if it ends in that time, which frees the connection for reuse."""
         if self._state is _State.LIVE and self._raw is not None:
             left = max(self._call.remaining(), 0.0)
             with anyio.move_on_after(min(_DRAIN_BOUND, left)):
@@ -326,7 +340,6 @@ class ResponseBody:
                     async for _ in self._raw:
                         pass
                 self._state = _State.DRAINED
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Release the connection and end the call. Safe to call more than once."""

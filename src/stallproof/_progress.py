@@ -55,6 +55,10 @@ _LIFECYCLE = frozenset(
 )
 
 
+# The Responses API's last event: the response as it ended.
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
 class Outcome:
     """What a finished call reports: filled in by `classify` or by a face that parsed it."""
 
@@ -206,7 +210,8 @@ def _typed(kind: str, obj: dict[str, Any], outcome: Outcome) -> bool:
         elif isinstance(obj.get("response"), dict):
             outcome._ids(obj["response"])
         return False
-    if kind == "response.completed" or kind == "response.incomplete":
+    if kind in _TERMINAL:
+        outcome.saw_done = True  # the last event of a Responses stream
         response = obj.get("response")
         if isinstance(response, dict):
             outcome._ids(response)

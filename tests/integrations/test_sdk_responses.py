@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import stallproof
+import stallproof.anthropic
 import stallproof.openai
 
 from ..support.clients import KEY, sdk_pool_held
@@ -41,7 +42,8 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "sse_empty_deltas": (T + "TotalTimeout", T + "IdleTimeout"),
     "sse_stall": (T + "ReadTimeout", T + "IdleTimeout"),
     "chunked_no_end": (T + "ReadTimeout", T + "IdleTimeout"),
-    "done_then_hold": (T + "ReadTimeout", T + "IdleTimeout"),
+    # Held open after response.completed: the engine ends the body after a brief drain.
+    "done_then_hold": (T + "ReadTimeout", OK),
     "endless_body": (T + "TotalTimeout", T + "TotalTimeout"),
     "endless_line": (T + "TotalTimeout", T + "IdleTimeout"),
 }
@@ -74,12 +76,7 @@ async def test_responses_against_the_stall_faults(
         except Exception as e:
             outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
         ended = time.monotonic()
-        if fault == "done_then_hold" and stream:
-            # Held open after response.completed: idle or total ends the wait, whichever
-            # the engine applies after a finished response (a follow-up pins which).
-            assert outcome in (T + "IdleTimeout", T + "TotalTimeout")
-        else:
-            assert outcome == EXPECTED[fault][stream]
+        assert outcome == EXPECTED[fault][stream]
         assert clock.elapsed() <= BUDGET.total + MARGIN
         if outcome.endswith("/IdleTimeout"):
             # idle starts at the last content event: at the latest, the last event we saw.
@@ -87,4 +84,39 @@ async def test_responses_against_the_stall_faults(
             assert ended - last_event <= limit + MARGIN
         elif limit < BUDGET.total:  # first_token, read: they start when the request is sent
             assert clock.elapsed() <= limit + MARGIN
+        assert sdk_pool_held(client) == {"requests": 0, "active": 0}
+
+
+@pytest.mark.parametrize("face", ["openai", "anthropic"])
+async def test_a_complete_stream_held_open_ends_soon_after_its_last_event(
+    face: str, fault_server: Any
+) -> None:
+    # The SDKs read a Responses or Messages stream to the end of the body. After the last
+    # event (response.completed, message_stop) the engine drains briefly (0.25 s) and ends
+    # the body, rather than letting idle turn a complete answer into an error.
+    url = fault_server.url("done_then_hold", hold=10, tokens=2)
+    timeout = stallproof.Timeouts(idle=2, total=5)
+    client: Any
+    if face == "openai":
+        client = stallproof.openai.AsyncOpenAI(
+            api_key=KEY, base_url=url, timeout=timeout, retry=None
+        )
+    else:
+        client = stallproof.anthropic.AsyncAnthropic(
+            api_key=KEY, base_url=url.removesuffix("/v1"), timeout=timeout, retry=None
+        )
+    async with client:
+        if face == "openai":
+            stream = await client.responses.create(model="m", input="hi", stream=True)
+        else:
+            stream = await client.messages.create(
+                model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+        kinds = []
+        async for event in stream:
+            kinds.append(event.type)
+            last_event = time.monotonic()
+        ended = time.monotonic()
+        assert kinds[-1] == ("response.completed" if face == "openai" else "message_stop")
+        assert ended - last_event <= 0.25 + MARGIN
         assert sdk_pool_held(client) == {"requests": 0, "active": 0}
