@@ -9,13 +9,12 @@ from httpcore's ``trace`` request extension, not from guessing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import re
 import secrets
 import traceback
-from collections.abc import Callable, Iterator, Mapping
-from types import MappingProxyType
+from collections.abc import Callable, Mapping
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -226,66 +225,24 @@ class Call:
 
     # -- bounds --------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def total_scope(self) -> Iterator[None]:
+    def total_scope(self) -> _TimeoutScope:
         """Run the body under the call's total deadline; raise `TotalTimeout` when it fires.
 
-        Opened once around everything a call does (every attempt, every retry wait) and
-        again around each step of a stream's iteration. A cancellation from outside (the
-        caller's own scope) passes through untouched.
+        Opened once around everything a call does (every attempt, every retry wait). A
+        cancellation from outside (the caller's own scope) passes through untouched.
         """
-        swallowed: list[BaseException] = []
-        try:
-            with anyio.CancelScope(deadline=self.total_deadline) as scope:
-                try:
-                    yield
-                except Exception:
-                    raise
-                except BaseException as e:
-                    swallowed.append(e)
-                    raise
-            if scope.cancelled_caught:
-                _forget_frames(swallowed)
-                raise self.timeout_error("total")
-        finally:
-            swallowed.clear()
+        return _TimeoutScope(self, self.total_deadline, "total", translate=False)
 
-    @contextlib.contextmanager
-    def bounded(self, bound: str | None = None, deadline: float | None = None) -> Iterator[None]:
-        """Run the body under a phase bound (first_token or idle) that `rearm` can move,
-        with the pool's errors translated to ours (`_translate`).
+    def bounded(self) -> _TimeoutScope:
+        """Run the body under a phase bound (first_token or idle) that `rearm` arms and
+        moves (none at first), with the pool's errors translated to ours (`_translate`).
 
         Nested inside `total_scope`, so the phase bound fails one attempt (which a retry
-        may repeat) while total ends the call. (One generator for both: an attempt in
-        flight holds one context manager here, not two.)
+        may repeat) while total ends the call.
         """
-        refused: exc.InvalidRequestError | None = None
-        swallowed: list[BaseException] = []
-        try:
-            with anyio.CancelScope() as scope:
-                self._scope = scope
-                self._arm(bound, deadline)
-                try:
-                    yield
-                except exc.StallproofError:
-                    raise
-                except Exception as e:
-                    refused = self._translate(e)
-                except BaseException as e:
-                    swallowed.append(e)
-                    raise
-                finally:
-                    self._scope = None
-            if refused is not None:
-                raise refused  # outside the except block: no __context__ to carry the value
-            if scope.cancelled_caught:
-                _forget_frames(swallowed)
-                raise self.timeout_error(self._bound)
-        finally:
-            swallowed.clear()
+        return _TimeoutScope(self, math.inf, None, translate=True)
 
-    @contextlib.contextmanager
-    def step(self, bound: str, deadline: float) -> Iterator[None]:
+    def step(self, bound: str, deadline: float) -> _TimeoutScope:
         """One scope for one step of a stream: total and a phase bound, whichever is first.
 
         `total_scope` + `bounded` in a single cancel scope, errors translated as in
@@ -294,26 +251,7 @@ class Call:
         """
         if deadline >= self.total_deadline:
             bound, deadline = "total", self.total_deadline
-        refused: exc.InvalidRequestError | None = None
-        swallowed: list[BaseException] = []
-        try:
-            with anyio.CancelScope(deadline=deadline) as scope:
-                try:
-                    yield
-                except exc.StallproofError:
-                    raise
-                except Exception as e:
-                    refused = self._translate(e)
-                except BaseException as e:
-                    swallowed.append(e)
-                    raise
-            if refused is not None:
-                raise refused  # outside the except block: no __context__ to carry the value
-            if scope.cancelled_caught:
-                _forget_frames(swallowed)
-                raise self.timeout_error(bound)
-        finally:
-            swallowed.clear()
+        return _TimeoutScope(self, deadline, bound, translate=True)
 
     def rearm(self, bound: str | None, deadline: float | None = None) -> None:
         """Change the phase bound of the running `bounded` block (None: no phase bound)."""
@@ -443,18 +381,61 @@ class Call:
         return f"while {self.phase}"
 
 
-def _forget_frames(swallowed: list[BaseException]) -> None:
-    """Clear the locals of the frames a cancellation our scope swallowed went through.
+class _TimeoutScope:
+    """An anyio cancel scope that raises the call's timeout error when it fires itself.
 
-    Those frames have all returned (the cancellation unwound them), but anyio and asyncio
-    keep the exception in a local of one of them: a cycle with its own traceback that
-    would hold the whole call (its request, scope, telemetry) until the garbage collector
-    runs. The traceback itself, kept as the timeout's ``__context__``, still names every
-    frame and line; only their local variables go. (Our own frame is still running and is
-    left as it is.)
+    A cancellation from outside (the caller's own scope, an enclosing bound) passes
+    through untouched. With ``translate``, the pool's errors are raised as ours
+    (`Call._translate`). ``bound`` None: the phase bound `Call.rearm` last armed (the
+    scope is the call's ``_scope`` until it exits).
+
+    A class, not a generator context manager: thousands of calls may be in flight at
+    once, each holding one or two of these, and a generator with its context manager is
+    four more objects per scope for the garbage collector to walk.
     """
-    for error in swallowed:
-        traceback.clear_frames(error.__traceback__)
+
+    __slots__ = ("_bound", "_call", "_translate", "cancel_scope")
+
+    def __init__(self, call: Call, deadline: float, bound: str | None, *, translate: bool):
+        self._call = call
+        self._bound = bound
+        self._translate = translate
+        self.cancel_scope = anyio.CancelScope(deadline=deadline)
+
+    def __enter__(self) -> None:
+        self.cancel_scope.__enter__()
+        if self._bound is None:
+            self._call._scope = self.cancel_scope
+            self._call._arm(None, None)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        call = self._call
+        bound = self._bound
+        if bound is None:
+            call._scope = None
+            bound = call._bound
+        scope = self.cancel_scope
+        if error is None or isinstance(error, exc.StallproofError):
+            return bool(scope.__exit__(exc_type, error, tb))
+        if isinstance(error, Exception) and not self._translate:
+            return bool(scope.__exit__(exc_type, error, tb))
+        if scope.__exit__(exc_type, error, tb):
+            # Our own deadline fired. The frames the cancellation went through have all
+            # returned, but anyio and asyncio keep the exception in a local of one of
+            # them: a cycle with its own traceback that would hold the whole call (its
+            # request, scope, telemetry) until the garbage collector runs. Their locals go;
+            # the traceback, kept as the timeout's ``__context__``, still names every
+            # frame and line. (Frames still running are left as they are.)
+            traceback.clear_frames(error.__traceback__)
+            raise call.timeout_error(bound)
+        if isinstance(error, Exception):
+            raise call._translate(error)  # raises the translated error, or returns a refusal
+        return False
 
 
 def _describe(e: BaseException) -> str:

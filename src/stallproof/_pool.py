@@ -34,6 +34,7 @@ slot nobody holds.
 from __future__ import annotations
 
 import dataclasses
+import math
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 
@@ -246,22 +247,30 @@ class Wire:
 
     async def _wait(self, waiter: _Waiter, timeout: float | None) -> _Conn:
         self._waiting[waiter] = None
+        # A bare cancel scope, not `anyio.fail_after` (two generators and their context
+        # managers more per waiting call: thousands of calls may wait at once).
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
         try:
-            with anyio.fail_after(timeout):
+            with anyio.CancelScope(deadline=deadline) as scope:
                 await waiter.ready.wait()
-        except BaseException as e:
-            if waiter.granted is not None:
-                # Granted as we were leaving: the connection goes on to the next waiter.
-                await self._checkin(waiter.granted, waiter.key)
-            else:
-                del self._waiting[waiter]
-            if isinstance(e, TimeoutError):
-                raise httpcore2.PoolTimeout(f"no connection free within {timeout} s") from None
+        except BaseException:
+            await self._leave(waiter)
             raise
+        if scope.cancelled_caught:
+            await self._leave(waiter)
+            raise httpcore2.PoolTimeout(f"no connection free within {timeout} s")
         granted = waiter.granted
         if granted is None:  # pragma: no cover - ready is set only with a connection
             raise RuntimeError("the pool woke a waiter without a connection")
         return granted
+
+    async def _leave(self, waiter: _Waiter) -> None:
+        """A waiter gives up (timed out, cancelled): out of the queue, or, if it was
+        granted a connection as it was leaving, the connection goes on to the next waiter."""
+        if waiter.granted is not None:
+            await self._checkin(waiter.granted, waiter.key)
+        else:
+            del self._waiting[waiter]
 
     def _grant(self, conn: _Conn | None, key: _Key | None, closing: list[_Conn]) -> bool:
         """Give a freed slot (with ``conn``, idle, or empty) to the first waiter, if any."""
