@@ -430,13 +430,16 @@ class Engine:
         headers.extend((k.encode(), v.encode()) for k, v in carrier.items())
         await scope.admit(circuit)
         t = call.timeouts
+        # A pool bound that cannot fire before total is left out: no timer of its own for
+        # every call that waits (total, which never moves, ends the wait first).
+        pool = t.pool if call.now() + t.pool <= call.total_deadline else None
         request = httpcore2.Request(
             out.method,
             httpcore2.URL(scheme=out.scheme, host=out.host, port=out.port, target=out.target),
             headers=headers,
             content=out.content,
             extensions={
-                "timeout": {"connect": t.connect, "read": t.read, "write": t.write, "pool": t.pool},
+                "timeout": {"connect": t.connect, "read": t.read, "write": t.write, "pool": pool},
                 "trace": call.trace,
             },
         )

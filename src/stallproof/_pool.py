@@ -34,7 +34,6 @@ slot nobody holds.
 from __future__ import annotations
 
 import dataclasses
-import math
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 
@@ -82,9 +81,10 @@ host, port, and the proxy it goes through (None: direct; routes hash by identity
 
 
 class _Waiter:
-    """A call waiting for a connection; ``granted`` is set (with ``ready``) when it has one."""
+    """A call waiting for a connection; ``granted`` is set (with ``ready``) when it has one,
+    ``fresh`` when that is a new connection, not yet connected."""
 
-    __slots__ = ("granted", "key", "origin", "ready", "route")
+    __slots__ = ("fresh", "granted", "key", "origin", "ready", "route")
 
     def __init__(self, origin: httpcore2.Origin, route: ProxyRoute | None, key: _Key) -> None:
         self.origin = origin
@@ -92,6 +92,7 @@ class _Waiter:
         self.key = key
         self.ready = anyio.Event()
         self.granted: _Conn | None = None
+        self.fresh = False
 
 
 class Wire:
@@ -249,14 +250,19 @@ class Wire:
         self._waiting[waiter] = None
         # A bare cancel scope, not `anyio.fail_after` (two generators and their context
         # managers more per waiting call: thousands of calls may wait at once).
-        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        # No timeout: no scope (and no timer) at all; whatever encloses the call bounds it.
         try:
-            with anyio.CancelScope(deadline=deadline) as scope:
+            if timeout is None:
                 await waiter.ready.wait()
+                timed_out = False
+            else:
+                with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
+                    await waiter.ready.wait()
+                timed_out = scope.cancelled_caught
         except BaseException:
             await self._leave(waiter)
             raise
-        if scope.cancelled_caught:
+        if timed_out:
             await self._leave(waiter)
             raise httpcore2.PoolTimeout(f"no connection free within {timeout} s")
         granted = waiter.granted
@@ -267,25 +273,41 @@ class Wire:
     async def _leave(self, waiter: _Waiter) -> None:
         """A waiter gives up (timed out, cancelled): out of the queue, or, if it was
         granted a connection as it was leaving, the connection goes on to the next waiter."""
-        if waiter.granted is not None:
-            await self._checkin(waiter.granted, waiter.key)
-        else:
+        conn = waiter.granted
+        if conn is None:
             del self._waiting[waiter]
+        elif waiter.fresh:
+            # Never connected: it goes on as it is (no socket to close, no new connection
+            # to make), or its slot is freed. When a wave of deadlines ends many waiters at
+            # once, each would otherwise make a connection for the next and close its own.
+            closing: list[_Conn] = []
+            if not self._grant(conn, waiter.key, closing, fresh=True):
+                self._busy.discard(conn)
+                self._open -= 1
+            await _close(closing)
+        else:
+            await self._checkin(conn, waiter.key)
 
-    def _grant(self, conn: _Conn | None, key: _Key | None, closing: list[_Conn]) -> bool:
-        """Give a freed slot (with ``conn``, idle, or empty) to the first waiter, if any."""
+    def _grant(
+        self, conn: _Conn | None, key: _Key | None, closing: list[_Conn], *, fresh: bool = False
+    ) -> bool:
+        """Give a freed slot (with ``conn``, idle or ``fresh``, or empty) to the first
+        waiter, if any."""
         if not self._waiting:
             return False
         waiter = next(iter(self._waiting))
         del self._waiting[waiter]
         if conn is not None and key == waiter.key:
             waiter.granted = conn  # still counted in _busy: it changes hands
+            waiter.fresh = fresh
         else:
             if conn is not None:
                 self._busy.discard(conn)
-                closing.append(conn)
+                if not fresh:
+                    closing.append(conn)
                 self._open -= 1
             waiter.granted = self._new(waiter.origin, waiter.route)
+            waiter.fresh = True
         waiter.ready.set()
         return True
 
