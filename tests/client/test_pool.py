@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import httpcore2
 import httpx
 import pytest
 
@@ -148,6 +149,35 @@ async def test_random_cancellations_across_two_origins_leave_the_pool_whole(
             assert r.status_code == 200
             assert t[0] < 1.0
         assert pool.stats().nothing_held
+
+
+async def test_a_wave_of_deadlines_through_the_queue_leaves_the_pool_whole(
+    black_hole: str,
+) -> None:
+    """A queue ended all at once: 1 connection stalled on a server that never answers and
+    60 calls waiting for it, all cancelled by one scope. Each freed slot goes to a waiter
+    that is leaving too, which hands the new, never connected connection on (no socket, no
+    new connection per waiter); afterwards nothing is held and nothing is open."""
+    pool = Wire(stallproof.Limits(max_connections=1, max_keepalive_connections=1))
+    url = httpx.URL(black_hole + "/chat/completions")
+
+    async def one() -> None:
+        request = httpcore2.Request(
+            b"POST",
+            httpcore2.URL(scheme=b"http", host=url.host.encode(), port=url.port, target=b"/v1"),
+            headers=[(b"host", url.host.encode()), (b"content-length", b"2")],
+            content=b"{}",
+        )
+        await pool.send(request)
+
+    for _ in range(2):
+        with anyio.move_on_after(0.3):
+            async with anyio.create_task_group() as tg:
+                for _ in range(61):
+                    tg.start_soon(one)
+        stats = pool.stats()
+        assert stats.nothing_held and stats.connections == 0, stats
+    await pool.aclose()
 
 
 async def test_idle_connections_are_capped_and_reused(fault_server: Any) -> None:
