@@ -228,19 +228,23 @@ class Call:
     def total_scope(self) -> _TimeoutScope:
         """Run the body under the call's total deadline; raise `TotalTimeout` when it fires.
 
-        Opened once around everything a call does (every attempt, every retry wait). A
+        Around what awaits outside an attempt's own `bounded` scope: the retries and their
+        waits, a shared circuit's admission, a large body parsed in a thread. A
         cancellation from outside (the caller's own scope) passes through untouched.
         """
         return _TimeoutScope(self, self.total_deadline, "total", translate=False)
 
     def bounded(self) -> _TimeoutScope:
-        """Run the body under a phase bound (first_token or idle) that `rearm` arms and
-        moves (none at first), with the pool's errors translated to ours (`_translate`).
+        """Run an attempt under total and a phase bound (first_token or idle), whichever
+        is first, in one cancel scope whose deadline `rearm` moves (total alone at first);
+        the pool's errors are translated to ours (`_translate`).
 
-        Nested inside `total_scope`, so the phase bound fails one attempt (which a retry
-        may repeat) while total ends the call.
+        The scope raises the error of the bound that fired: a phase bound fails one
+        attempt (which a retry may repeat), `TotalTimeout` ends the call. One scope, not a
+        phase scope inside a total one: the first attempt, the only one most calls make,
+        needs no other (retries run inside `total_scope`, which also bounds their waits).
         """
-        return _TimeoutScope(self, math.inf, None, translate=True)
+        return _TimeoutScope(self, self.total_deadline, None, translate=True)
 
     def step(self, bound: str, deadline: float) -> _TimeoutScope:
         """One scope for one step of a stream: total and a phase bound, whichever is first.
@@ -254,7 +258,7 @@ class Call:
         return _TimeoutScope(self, deadline, bound, translate=True)
 
     def rearm(self, bound: str | None, deadline: float | None = None) -> None:
-        """Change the phase bound of the running `bounded` block (None: no phase bound)."""
+        """Change the phase bound of the running `bounded` block (None: total alone)."""
         if self._scope is not None:
             self._arm(bound, deadline)
 
@@ -266,8 +270,7 @@ class Call:
             self._scope.deadline = deadline
             self._bound = bound
         else:
-            # Total alone applies; the enclosing total_scope enforces it.
-            self._scope.deadline = math.inf
+            self._scope.deadline = self.total_deadline
             self._bound = "total"
 
     def start_attempt(self, attempt: int) -> None:
@@ -413,29 +416,28 @@ class _TimeoutScope:
         exc_type: type[BaseException] | None,
         error: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         call = self._call
         bound = self._bound
         if bound is None:
             call._scope = None
             bound = call._bound
         scope = self.cancel_scope
-        if error is None or isinstance(error, exc.StallproofError):
-            return bool(scope.__exit__(exc_type, error, tb))
-        if isinstance(error, Exception) and not self._translate:
-            return bool(scope.__exit__(exc_type, error, tb))
-        if scope.__exit__(exc_type, error, tb):
+        # (trio's scope also returns True when the body ended without an exception.)
+        if scope.__exit__(exc_type, error, tb) and scope.cancelled_caught:
             # Our own deadline fired. The frames the cancellation went through have all
             # returned, but anyio and asyncio keep the exception in a local of one of
             # them: a cycle with its own traceback that would hold the whole call (its
             # request, scope, telemetry) until the garbage collector runs. Their locals go;
             # the traceback, kept as the timeout's ``__context__``, still names every
             # frame and line. (Frames still running are left as they are.)
-            traceback.clear_frames(error.__traceback__)
+            if error is not None:
+                traceback.clear_frames(error.__traceback__)
             raise call.timeout_error(bound)
-        if isinstance(error, Exception):
-            raise call._translate(error)  # raises the translated error, or returns a refusal
-        return False
+        if self._translate and isinstance(error, Exception):
+            if not isinstance(error, exc.StallproofError):
+                raise call._translate(error)  # the translated error, or a refusal
+        # Anything else goes on as it is (a cancellation from outside among them).
 
 
 def _describe(e: BaseException) -> str:

@@ -330,8 +330,7 @@ class Engine:
                     max_tokens=max_tokens if isinstance(max_tokens, int) else None,
                 )
                 await scope.pace(self._pacing, estimate)
-            with call.total_scope():
-                incoming = await self._attempts(out, scope, policy, circuit)
+            incoming = await self._attempts(out, scope, policy, circuit)
         except _StatusFailure as failure:
             # Out of attempts (or not retryable): the caller gets the response itself.
             scope.end(failure.error)
@@ -350,11 +349,12 @@ class Engine:
     ) -> Incoming:
         """The retry loop: attempts until one succeeds, all inside the total deadline.
 
-        The first attempt runs on its own: most calls succeed at once, and tenacity's
-        machinery (its loop, its state, closures per call) is built only when a failure
-        may be retried. A non-2xx answer goes through the loop as its `APIStatusError`
-        (the policy decides on those); when the loop gives up on one, the response itself
-        goes back to `send`.
+        The first attempt runs on its own, under the one scope that bounds it (`bounded`:
+        total and its phase bounds): most calls succeed at once, and tenacity's machinery
+        (its loop, its state, closures per call) and the total scope around retries and
+        their waits are built only when a failure may be retried. A non-2xx answer goes
+        through the loop as its `APIStatusError` (the policy decides on those); when the
+        loop gives up on one, the response itself goes back to `send`.
         """
         try:
             return await self._spanned_attempt(out, scope, circuit, 1, policy.attempts)
@@ -366,7 +366,8 @@ class Engine:
                 raise  # what tenacity would do: nothing to decide, no budget drawn
             first = e
         try:
-            return await self._retry(out, scope, policy, circuit, first)
+            with scope.call.total_scope():
+                return await self._retry(out, scope, policy, circuit, first)
         finally:
             del first  # no cycle through this frame's traceback
 
@@ -428,7 +429,9 @@ class Engine:
         call.start_attempt(n)
         headers = [*out.headers, (b"x-stallproof-attempt", f"{n}/{of}".encode())]
         headers.extend((k.encode(), v.encode()) for k, v in carrier.items())
-        await scope.admit(circuit)
+        if circuit is not None:
+            with call.total_scope():  # a shared circuit asks Redis: inside the deadline
+                await scope.admit(circuit)
         t = call.timeouts
         # A pool bound that cannot fire before total is left out: no timer of its own for
         # every call that waits (total, which never moves, ends the wait first).
