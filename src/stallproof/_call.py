@@ -9,7 +9,6 @@ from httpcore's ``trace`` request extension, not from guessing.
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import secrets
 import traceback
@@ -434,9 +433,12 @@ class _TimeoutScope:
             if error is not None:
                 traceback.clear_frames(error.__traceback__)
             raise call.timeout_error(bound)
-        if self._translate and isinstance(error, Exception):
-            if not isinstance(error, exc.StallproofError):
-                raise call._translate(error)  # the translated error, or a refusal
+        if (
+            self._translate
+            and isinstance(error, Exception)
+            and not isinstance(error, exc.StallproofError)
+        ):
+            raise call._translate(error)  # the translated error, or a refusal
         # Anything else goes on as it is (a cancellation from outside among them).
 
 
