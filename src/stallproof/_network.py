@@ -107,6 +107,11 @@ async def _connect_first(
     """Connect to the first address that answers (RFC 8305's "happy eyeballs", as anyio does
     for names): the next attempt starts when the one before fails or after 250 ms, and the
     first to connect wins; the others are cancelled or closed."""
+    if len(addresses) == 1:
+        # Nothing to race: no task group, task, event and timer of ours. A connect cut by
+        # its deadline then unwinds in the caller's task, not a child's it must wait for
+        # (in a wave of deadlines every hop through the loop makes the call later).
+        return await anyio.connect_tcp(addresses[0][1], port, local_host=local_address)
     winner: anyio.abc.SocketStream | None = None
     failures: list[OSError] = []
 
