@@ -433,16 +433,26 @@ class Engine:
             with call.total_scope():  # a shared circuit asks Redis: inside the deadline
                 await scope.admit(circuit)
         t = call.timeouts
-        # A pool bound that cannot fire before total is left out: no timer of its own for
-        # every call that waits (total, which never moves, ends the wait first).
-        pool = t.pool if call.now() + t.pool <= call.total_deadline else None
+        # A per-operation bound that cannot fire before total is left out (None): no timer
+        # of its own for every wait, read and connect; total, which never moves, ends the
+        # call first. (Each operation starts now or later, so it ends after total too.)
+        left = call.total_deadline - call.now()
+        timeout = {
+            name: (limit if limit <= left else None)
+            for name, limit in (
+                ("connect", t.connect),
+                ("read", t.read),
+                ("write", t.write),
+                ("pool", t.pool),
+            )
+        }
         request = httpcore2.Request(
             out.method,
             httpcore2.URL(scheme=out.scheme, host=out.host, port=out.port, target=out.target),
             headers=headers,
             content=out.content,
             extensions={
-                "timeout": {"connect": t.connect, "read": t.read, "write": t.write, "pool": pool},
+                "timeout": timeout,
                 "trace": call.trace,
             },
         )
