@@ -17,6 +17,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
+import h11
 import httpcore2
 import sniffio
 
@@ -334,20 +335,31 @@ class Call:
     # -- one boundary for httpx's errors --------------------------------------------------
 
     def _translate(self, e: Exception) -> exc.InvalidRequestError:
-        """Raise ``e`` as ours (``from e``), or return a refusal to raise with no context.
+        """Raise ``e`` as ours (``from e``), or return a refusal that shows no context.
 
         The one boundary for the pool's errors, called from the ``except`` clauses of
         `bounded` and `step`.
         """
         t = self.timeouts
-        if isinstance(e, (httpcore2.UnsupportedProtocol, httpcore2.LocalProtocolError)):
+        if isinstance(
+            e, (httpcore2.UnsupportedProtocol, httpcore2.LocalProtocolError, h11.LocalProtocolError)
+        ):
+            # (h11's own: what the pool lets through unmapped while sending a body that
+            # does not match the caller's content-length.)
             # Its text may quote a header value (h11: "Illegal header value b'Bearer
             # sk-...'"): keep only the words before the first quote, and chain nothing,
             # so no message, log line or __context__ carries the value.
+            # The refusal is raised from `_TimeoutScope.__exit__`, where Python makes the
+            # pool's error its __context__ whatever we do: so that error keeps no text and
+            # its frames no locals (the header dict among them).
             said = re.split(r"""['"]""", str(e), maxsplit=1)[0].strip(" :")
-            return self.error(
+            e.args = ()
+            traceback.clear_frames(e.__traceback__)
+            refusal = self.error(
                 exc.InvalidRequestError, f"request cannot be sent: {said or type(e).__name__}"
             )
+            refusal.__suppress_context__ = True
+            return refusal
         if isinstance(e, httpcore2.ConnectTimeout):
             raise self.timeout_error("connect", t.connect) from e
         if isinstance(e, httpcore2.ReadTimeout):

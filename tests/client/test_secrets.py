@@ -97,6 +97,26 @@ async def test_a_bad_secret_header_through_a_transport_is_refused_by_name(
     assert srv.requests == []  # refused before anything was sent
 
 
+@pytest.mark.parametrize("length", ["1", "500"])
+async def test_a_body_that_breaks_its_own_content_length_is_refused_with_a_clean_chain(
+    length: str, lib: Any, raw_server: Any, logs: pytest.LogCaptureFixture
+) -> None:
+    """h11 refuses it while the body is sent, with an error the pool does not map: ours,
+    and the pool's error under it keeps no text (it is our refusal's __context__)."""
+    srv = raw_server(always(response(200, b"{}")))
+    make = stallproof.http_client if lib is httpx else stallproof.http_client2
+    headers = {"authorization": f"Bearer {KEY}", "content-length": length}
+    async with make(timeout=5, retry=None) as client:
+        with pytest.raises(stallproof.InvalidRequestError, match="Content-Length") as e:
+            await client.post(srv.url + "/chat/completions", headers=headers, content=BODY)
+    assert isinstance(e.value, lib.LocalProtocolError)
+    assert_no_key(e.value)
+    assert all(
+        c.args == () for c in chain(e.value) if not isinstance(c, stallproof.StallproofError)
+    )
+    assert KEY not in logs.text
+
+
 async def test_a_bad_extra_header_on_client_is_refused_by_name(
     raw_server: Any, make_client: Any, logs: pytest.LogCaptureFixture
 ) -> None:
