@@ -8,8 +8,8 @@ import pytest
 
 from ..support.fleet import FleetWorkers, RedisServer, started_redis
 
-# An autouse fixture: the SDKs' models are built before the first timed call.
-from ..support.sdk_catalogue import sdk_types_built  # noqa: F401
+# An autouse fixture: openai's chat models are built before the first timed call.
+from ..support.sdk_catalogue import chat_types_built  # noqa: F401
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ def limit_of(error: BaseException, default: float) -> float:
     return named.limit if isinstance(named, stallproof.TimeoutException) else default
 
 
-def warm_sdk_types(base_url: str) -> None:
+def warm_sdk_types(base_url: str, *, chat_only: bool = False) -> None:
     """One healthy call of each kind the SDK tests time (openai chat and Responses, plain
     and stream; anthropic Messages, plain and stream), through the faces, so that their
     timed calls do not pay the SDKs' first-use costs.
@@ -60,12 +60,16 @@ def warm_sdk_types(base_url: str) -> None:
     of CPU for the Responses events on an idle machine, several seconds on a loaded one. A
     call whose events arrive during that work sees its deadline pass while the caller's own
     code holds the event loop, which no bound can preempt. Runs its own event loop:
-    call it where none runs (a sync fixture).
+    call it where none runs (a sync fixture). ``chat_only``: openai chat alone, what
+    `stallproof.Client` times (the rest costs a test process ~2 s of CPU: anthropic's import
+    and the Responses events).
     """
     import anyio
 
-    import stallproof.anthropic
     import stallproof.openai
+
+    if not chat_only:
+        import stallproof.anthropic
 
     from .clients import KEY
 
@@ -79,6 +83,8 @@ def warm_sdk_types(base_url: str) -> None:
                     model="m", messages=messages, stream=True
                 ):
                     pass
+                if chat_only:
+                    return
                 await ai.responses.create(model="m", input="hi")
                 async for _ in await ai.responses.create(model="m", input="hi", stream=True):
                     pass
@@ -95,6 +101,12 @@ def warm_sdk_types(base_url: str) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def sdk_types_built(fault_server: Any) -> None:
-    """Autouse in the client and integration groups (their conftest imports it): once per
-    test process, before the first timed call, `warm_sdk_types`."""
+    """Autouse in the integration group (its conftest imports it): once per test process,
+    before the first timed call, `warm_sdk_types`."""
     warm_sdk_types(fault_server.url())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def chat_types_built(fault_server: Any) -> None:
+    """Autouse in the client group (its conftest imports it): `warm_sdk_types` for chat."""
+    warm_sdk_types(fault_server.url(), chat_only=True)
