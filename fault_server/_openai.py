@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._json_depth import loads as loads_limited
+from ._structured import json_answer
 
 __all__ = [
     "DONE",
@@ -126,7 +127,8 @@ class ChatRequest:
 
     ``api`` names the wire format (``chat``: OpenAI chat completions; ``messages``:
     Anthropic Messages; ``responses``: OpenAI Responses; ``embeddings``). ``inputs``,
-    ``dimensions`` and ``base64`` are the embeddings request's.
+    ``dimensions`` and ``base64`` are the embeddings request's. ``json_text``: the content
+    that answers a structured-output request instead of the echo text.
     """
 
     model: str
@@ -140,6 +142,7 @@ class ChatRequest:
     inputs: tuple[str, ...] = ()
     dimensions: int = 0
     base64: bool = False
+    json_text: str | None = None  # the answer to a JSON response format (`_structured`)
 
 
 def parse_chat(body: bytes) -> ChatRequest:
@@ -177,6 +180,7 @@ def parse_chat(body: bytes) -> ChatRequest:
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
         tool_name=_first_tool(data),
         max_tokens=max_tokens,
+        json_text=json_answer(data.get("response_format"), "echo: " + last_user),
     )
 
 
@@ -313,19 +317,25 @@ _I0 = {"index": 0}
 def pieces_of(req: ChatRequest, tokens: int) -> tuple[list[str], str]:
     """The answer's content in ``tokens`` pieces (text words, or the pieces of a tool call's
     arguments JSON) and its finish reason: ``stop``, ``length`` or ``tool_calls``."""
-    finish = "stop"
+    finish, wanted = "stop", tokens
     if req.max_tokens is not None and req.max_tokens < tokens:
         tokens, finish = req.max_tokens, "length"
     words = [w[:_MAX_WORD] for w in ("echo: " + req.text).split()][:tokens]
     real = len(words)
     while len(words) < tokens:
         words.append(_FILLER[(len(words) - real) % len(_FILLER)])
-    if req.tool_name is None:
-        return [w if i == 0 else " " + w for i, w in enumerate(words)], finish
-    arguments = json.dumps({"text": " ".join(words)})
-    step = max(1, -(-len(arguments) // max(1, tokens)))
-    pieces = [arguments[i : i + step] for i in range(0, len(arguments), step)]
-    return pieces, "tool_calls"
+    if req.tool_name is not None:
+        return _split(json.dumps({"text": " ".join(words)}), tokens), "tool_calls"
+    if req.json_text is not None:
+        # The whole document, in as many pieces as the answer has tokens; cut short by
+        # max_tokens it is cut short here too (and does not parse, as a real one would not).
+        return _split(req.json_text, wanted)[:tokens], finish
+    return [w if i == 0 else " " + w for i, w in enumerate(words)], finish
+
+
+def _split(text: str, tokens: int) -> list[str]:
+    step = max(1, -(-len(text) // max(1, tokens)))
+    return [text[i : i + step] for i in range(0, len(text), step)]
 
 
 def _tool_call(name: str, arguments: str) -> dict[str, Any]:

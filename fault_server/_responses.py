@@ -27,6 +27,7 @@ from ._openai import (
     sse_event,
     text_of,
 )
+from ._structured import json_answer
 
 __all__ = ["error_event", "parse_responses", "response", "response_stream"]
 
@@ -56,6 +57,7 @@ def parse_responses(body: bytes) -> ChatRequest:
     ):
         raise RequestError("'max_output_tokens' must be an integer >= 1", "max_output_tokens")
     instructions = text_of(data.get("instructions"))
+    text = data.get("text")
     return ChatRequest(
         model=model,
         text=last_user,
@@ -64,6 +66,9 @@ def parse_responses(body: bytes) -> ChatRequest:
         tool_name=_first_tool(data),
         max_tokens=max_tokens,
         api="responses",
+        json_text=json_answer(
+            text.get("format") if isinstance(text, dict) else None, "echo: " + last_user
+        ),
     )
 
 

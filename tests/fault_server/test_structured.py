@@ -1,0 +1,137 @@
+"""Structured outputs: a request with a JSON ``response_format`` (chat) or ``text.format``
+(Responses) is answered with JSON content that fits its schema, so the SDKs' ``parse()``
+helpers (and the frameworks built on them) work against the fault server; a hostile schema
+costs a bounded answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx2
+import openai
+import pydantic
+import pytest
+
+from fault_server import ServerThread
+from fault_server._structured import MAX_NODES, json_answer
+
+pytestmark = [
+    pytest.mark.usefixtures("no_server_errors"),
+    # On trio, the SDK's own nested body and SSE generators of its stream helper are
+    # finalised by the GC after the stream ends (the SDK does not close them with aclosing).
+    pytest.mark.filterwarnings("ignore:Async generator 'openai\\.:ResourceWarning"),
+    pytest.mark.filterwarnings("ignore:Async generator 'httpx2\\.:ResourceWarning"),
+]
+
+SAID = [{"role": "user", "content": "hello there"}]
+
+
+class Inner(pydantic.BaseModel):
+    count: int
+    ratio: float
+    ok: bool
+
+
+class Answer(pydantic.BaseModel):
+    answer: str
+    mood: str | None
+    kind: str = pydantic.Field(json_schema_extra={"enum": ["a", "b"]})
+    inner: Inner
+    items: list[Inner]
+
+
+class Node(pydantic.BaseModel):
+    name: str
+    parent: Node | None
+
+
+@pytest.mark.anyio
+async def test_the_sdks_parse_helpers_get_an_instance_of_their_schema(srv: ServerThread) -> None:
+    async with openai.AsyncOpenAI(base_url=srv.url(), api_key="x", max_retries=0) as client:
+        chat = await client.chat.completions.parse(model="m", messages=SAID, response_format=Answer)
+        async with client.chat.completions.stream(
+            model="m", messages=SAID, response_format=Answer
+        ) as events:
+            streamed = await events.get_final_completion()
+        responses = await client.responses.parse(model="m", input="hello there", text_format=Answer)
+        recursive = await client.chat.completions.parse(
+            model="m", messages=SAID, response_format=Node
+        )
+    for parsed in (chat.choices[0].message.parsed, streamed.choices[0].message.parsed):
+        assert parsed == Answer(
+            answer="echo: hello there",
+            mood="echo: hello there",
+            kind="a",
+            inner=Inner(count=0, ratio=0, ok=False),
+            items=[],
+        )
+    assert responses.output_parsed == chat.choices[0].message.parsed
+    node = recursive.choices[0].message.parsed
+    assert node is not None and node.name == "echo: hello there"
+
+
+@pytest.mark.anyio
+async def test_json_object_and_a_cut_off_answer(srv: ServerThread) -> None:
+    async with openai.AsyncOpenAI(base_url=srv.url(), api_key="x", max_retries=0) as client:
+        plain = await client.chat.completions.create(
+            model="m", messages=SAID, response_format={"type": "json_object"}
+        )
+        assert json.loads(plain.choices[0].message.content or "") == {"text": "echo: hello there"}
+        # Cut by max_tokens, the document is cut too: openai raises as it would for a model.
+        with pytest.raises(openai.LengthFinishReasonError):
+            await client.chat.completions.parse(
+                model="m", messages=SAID, response_format=Answer, max_tokens=2
+            )
+
+
+def _content(srv: ServerThread, response_format: Any) -> str:
+    body = {"model": "m", "messages": SAID, "response_format": response_format}
+    answer = httpx2.post(srv.url() + "/chat/completions", json=body, timeout=10)
+    assert answer.status_code == 200, answer.text
+    content = answer.json()["choices"][0]["message"]["content"]
+    assert isinstance(content, str)
+    return content
+
+
+def _self_referring(breadth: int) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"p{i}": {"$ref": "#"} for i in range(breadth)}}
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        "json_schema",
+        {"type": "json_schema", "json_schema": 5},
+        {"type": "json_schema", "json_schema": {"schema": {"$ref": "https://example.com/x"}}},
+        {"type": "json_schema", "json_schema": {"schema": {"$ref": "#/$defs/missing"}}},
+        {"type": "json_schema", "json_schema": {"schema": {"type": ["null"]}}},
+        {"type": "json_schema", "json_schema": {"schema": _self_referring(10)}},
+    ],
+    ids=["not-an-object", "schema-not-an-object", "remote-ref", "missing-ref", "null", "bomb"],
+)
+def test_a_hostile_or_broken_format_gets_a_bounded_answer(
+    srv: ServerThread, response_format: Any
+) -> None:
+    content = _content(srv, response_format)
+    if isinstance(response_format, dict):
+        json.loads(content)  # JSON, whatever the schema
+    else:
+        assert content.startswith("echo:")  # not a JSON request: the plain answer
+    assert len(content) < 64 * MAX_NODES
+
+
+def test_the_work_per_answer_is_bounded_by_nodes() -> None:
+    nodes = 0
+
+    def count(value: Any) -> None:
+        nonlocal nodes
+        nodes += 1
+        for child in value.values() if isinstance(value, dict) else ():
+            count(child)
+
+    spec = {"type": "json_schema", "schema": _self_referring(10)}
+    count(json.loads(json_answer(spec, "x") or "null"))
+    assert nodes <= MAX_NODES
+    assert json_answer({"type": "text"}, "x") is None
+    assert json_answer(None, "x") is None
