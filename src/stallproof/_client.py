@@ -15,7 +15,7 @@ from opentelemetry.trace import TracerProvider
 
 from . import _exceptions as exc
 from ._breaker import Breaker, CircuitState
-from ._completions import Chat
+from ._completions import Beta, Chat
 from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
 from ._engine import CallOptions, Engine, Incoming
 from ._httpx_pool import HttpxClientPool
@@ -165,6 +165,7 @@ class Client:
         # The breaker's key shows in circuits(), CircuitOpen and log lines: no userinfo.
         self._upstream = safe_url(s.base_url)
         self.chat = Chat(self)
+        self.beta = Beta(self.chat)
         self.models = Models(self)
         self.embeddings = Embeddings(self)
 

@@ -39,7 +39,7 @@ from ._stream import AsyncStream
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["Chat", "Completions", "CreateArgs"]
+__all__ = ["Beta", "Chat", "Completions", "CreateArgs"]
 
 T = TypeVar("T")
 
@@ -256,3 +256,13 @@ class Chat:
 
     def __init__(self, client: Client) -> None:
         self.completions = Completions(client)
+
+
+class Beta:
+    """``client.beta``, for code written against openai's beta namespace (autogen-ext's
+    structured outputs call ``client.beta.chat.completions.parse``): ``beta.chat`` is
+    ``client.chat`` itself, as openai's ``beta.chat.completions`` is its chat completions
+    resource. The rest of openai's beta (assistants, realtime, ...) is not a chat call."""
+
+    def __init__(self, chat: Chat) -> None:
+        self.chat = chat

@@ -1,9 +1,11 @@
 """Agent frameworks take `stallproof.Client` itself where they take an ``openai.AsyncOpenAI``.
 
-pydantic-ai and openai-agents drive the client with their own arguments (``NOT_GIVEN``
-defaults, ``extra_headers``, ``stream_options``), check results against openai's types and
-catch openai's errors; each runs a turn, streams a turn, and meets a stalled server that
-the call's bound ends. Both are asyncio-only.
+pydantic-ai, openai-agents and autogen-ext drive the client with their own arguments
+(``NOT_GIVEN`` defaults, ``extra_headers``, ``stream_options``), check results against
+openai's types and catch openai's errors; each runs a turn, streams a turn, and meets a
+stalled server that the call's bound ends. All three are asyncio-only. (llama-index, the
+fourth that takes an ``AsyncOpenAI``, cannot be installed next to openai 3:
+test_llama_index.py says why.)
 """
 
 from __future__ import annotations
@@ -88,5 +90,50 @@ async def test_openai_agents(fault_server: Any, make_client: Any) -> None:
         await Runner.run(agent(stalled), "hello there", run_config=config)
     assert elapsed[0] <= 0.5 + MARGIN
     assert any(isinstance(e, stallproof.TotalTimeout) for e in _chain(info.value))
+    assert_pool_clean(client)
+    assert_pool_clean(stalled)
+
+
+# autogen dumps the ParsedChatCompletion, whose generic ``parsed`` pydantic serialises with
+# this warning: openai.AsyncOpenAI's own parse() result does the same.
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_autogen_ext(fault_server: Any, make_client: Any) -> None:
+    """autogen-ext's `BaseOpenAIChatCompletionClient` takes the client as is; structured
+    output goes through ``client.beta.chat.completions.parse``."""
+    from autogen_core.models import CreateResult, ModelInfo, UserMessage
+    from autogen_ext.models.openai import BaseOpenAIChatCompletionClient
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        text: str
+
+    info = ModelInfo(
+        vision=False,
+        function_calling=True,
+        json_output=True,
+        family="unknown",
+        structured_output=True,
+    )
+
+    def model(client: stallproof.Client) -> Any:
+        return BaseOpenAIChatCompletionClient(
+            client,  # type: ignore[arg-type]
+            create_args={"model": MODEL},
+            model_info=info,
+        )
+
+    messages = [UserMessage(content="hello there", source="user")]
+    client = make_client(fault_server.url())
+    result = await model(client).create(messages)
+    assert str(result.content).startswith(ECHO)
+    parts = [part async for part in model(client).create_stream(messages)]
+    assert isinstance(parts[-1], CreateResult) and str(parts[-1].content).startswith(ECHO)
+    structured = await model(client).create(messages, json_output=Answer)
+    assert Answer.model_validate_json(str(structured.content))
+    stalled = make_client(fault_server.url("stall_headers", hold=5), timeout=0.5)
+    with stopwatch() as elapsed, pytest.raises(openai.APITimeoutError) as info_:
+        await model(stalled).create(messages)
+    assert elapsed[0] <= 0.5 + MARGIN
+    assert any(isinstance(e, stallproof.TotalTimeout) for e in _chain(info_.value))
     assert_pool_clean(client)
     assert_pool_clean(stalled)

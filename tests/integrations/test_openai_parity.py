@@ -128,6 +128,12 @@ async def agent_run(client: Any, urls: dict[str, str]) -> dict[str, Any]:
         done = await events.get_final_completion()
     seen["stream_helper"] = (sorted(set(kinds)), done.choices[0].message.content)
 
+    # 4b. openai's beta namespace holds the same helpers (autogen-ext calls it for parse).
+    beta = await client.beta.chat.completions.parse(
+        model=MODEL, messages=messages[:2], response_format=Answer
+    )
+    seen["beta_parse"] = beta.choices[0].message.parsed
+
     # 5. Raw and streaming responses: headers, then the typed result.
     raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages[:2])
     seen["raw"] = (raw.headers.get("content-type"), _shape(raw.parse()))
