@@ -17,11 +17,11 @@ Errors are internal (`TooLarge`, `BadEncoding`); the engine turns them into the 
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import zlib
 from collections import deque
 from collections.abc import Iterator, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _exceptions as exc
@@ -284,16 +284,35 @@ def decoded_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes,
     return [(k, v) for k, v in headers if k.lower() not in (b"content-encoding", b"content-length")]
 
 
-@contextlib.contextmanager
-def typed_errors(call: Call, cap: int) -> Iterator[None]:
-    """Turn the decoder's errors into the call's typed ones."""
-    try:
-        yield
-    except TooLarge:
-        raise call.error(
-            exc.ResponseTooLarge, f"the decoded body passed max_response_bytes={cap}", limit=cap
-        ) from None
-    except Truncated as e:
-        raise call.error(exc.TruncatedResponse, str(e)) from None
-    except BadEncoding as e:
-        raise call.error(exc.MalformedResponse, f"could not decode the body: {e}") from None
+class typed_errors:
+    """Turn the decoder's errors into the call's typed ones.
+
+    A class, not a generator context manager: a stream enters one per read.
+    """
+
+    __slots__ = ("_call", "_cap")
+
+    def __init__(self, call: Call, cap: int) -> None:
+        self._call = call
+        self._cap = cap
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        e: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        call, cap = self._call, self._cap
+        if isinstance(e, TooLarge):
+            raise call.error(
+                exc.ResponseTooLarge,
+                f"the decoded body passed max_response_bytes={cap}",
+                limit=cap,
+            ) from None
+        if isinstance(e, Truncated):
+            raise call.error(exc.TruncatedResponse, str(e)) from None
+        if isinstance(e, BadEncoding):
+            raise call.error(exc.MalformedResponse, f"could not decode the body: {e}") from None

@@ -85,11 +85,15 @@ def loads(data: bytes | str) -> object:
     Raises:
         ValueError: not JSON (``json.JSONDecodeError``) or too deep (`JSONTooDeep`).
     """
-    raw = data.encode() if isinstance(data, str) else data
-    if too_deep(raw):
+    if isinstance(data, str):
+        # (An SSE event's data: most have a few brackets, and need no bytes copy to say so.)
+        deep = data.count("[") + data.count("{") > MAX_DEPTH and too_deep(data.encode())
+    else:
+        deep = too_deep(data)
+    if deep:
         raise JSONTooDeep(f"JSON nested deeper than {MAX_DEPTH} levels")
     try:
-        return json.loads(raw)
+        return json.loads(data)
     except RecursionError:  # unclosed brackets: the check above counts only pairs
         raise JSONTooDeep(f"JSON nested deeper than {MAX_DEPTH} levels") from None
 
