@@ -5,7 +5,8 @@ The instance is built from the schema the client sent: every property of an obje
 schemas require them all), strings carry the echo text, numbers are 0, booleans false,
 arrays empty, the first choice of an ``enum``/``anyOf``/``oneOf``, ``$ref`` followed into
 ``$defs``/``definitions``. A schema is the client's input: the work is bounded by a node
-budget and a depth, whatever it nests or refers to, and past either the value is ``null``.
+budget and a depth, whatever it nests or refers to, and past either the value is ``null``;
+each string holds at most `MAX_TEXT` characters of the echo text, however long the message.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["MAX_NODES", "json_answer"]
+__all__ = ["MAX_NODES", "MAX_TEXT", "json_answer"]
 
 MAX_NODES = 1_000  # values built per answer; a self-referring schema stops here
+MAX_TEXT = 256  # characters of the echo text in each string: 1,000 of them stay small
 _MAX_DEPTH = 32
 
 
@@ -29,6 +31,7 @@ def json_answer(spec: object, text: str) -> str | None:
     """
     if not isinstance(spec, dict):
         return None
+    text = text[:MAX_TEXT]
     kind = spec.get("type")
     if kind == "json_object":
         return json.dumps({"text": text})

@@ -14,7 +14,7 @@ import pydantic
 import pytest
 
 from fault_server import ServerThread
-from fault_server._structured import MAX_NODES, json_answer
+from fault_server._structured import MAX_NODES, MAX_TEXT, json_answer
 
 pytestmark = [
     pytest.mark.usefixtures("no_server_errors"),
@@ -135,3 +135,16 @@ def test_the_work_per_answer_is_bounded_by_nodes() -> None:
     assert nodes <= MAX_NODES
     assert json_answer({"type": "text"}, "x") is None
     assert json_answer(None, "x") is None
+
+
+def test_a_long_message_in_many_strings_stays_small(srv: ServerThread) -> None:
+    """1,000 string properties and a 100 KB message: not 100 MB of answer."""
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x" * 100_000}],
+        "response_format": {"type": "json_schema", "json_schema": {"schema": wide}},
+    }
+    answer = httpx2.post(srv.url() + "/chat/completions", json=body, timeout=10)
+    assert answer.status_code == 200
+    assert len(answer.content) < 2 * MAX_NODES * (MAX_TEXT + 16)
