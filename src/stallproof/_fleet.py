@@ -204,6 +204,7 @@ class FleetPacer:
                 policy.min_concurrent,
                 repr(float(policy.decrease_factor)),
                 repr(float(policy.increase_step)),
+                lease.epoch,
             ],
             on_result=self._poke if release else None,
         )

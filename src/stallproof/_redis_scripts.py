@@ -7,7 +7,6 @@ workers' loop clocks are never compared with each other.
 Keys live under one hash tag, ``{prefix}``, so a cluster keeps them in one slot::
 
     {p}:pacer:leases      ZSET lease id -> expiry (ms)         concurrency slots in use
-    {p}:pacer:epoch       HASH lease id -> AIMD epoch at grant
     {p}:pacer:rpm         ZSET grant id -> grant time (ms)     the 60 s request window
     {p}:pacer:tpm         ZSET grant id -> grant time (ms)     the 60 s token window
     {p}:pacer:tpm:amt     HASH grant id -> tokens
@@ -55,11 +54,7 @@ for _, m in ipairs(dead) do
 end
 if #dead > 0 then redis.call('ZREMRANGEBYSCORE', P .. ':waiters', '-inf', now) end
 
-local gone = redis.call('ZRANGEBYSCORE', P .. ':leases', '-inf', now)
-if #gone > 0 then
-  redis.call('ZREMRANGEBYSCORE', P .. ':leases', '-inf', now)
-  each_chunk(gone, function(c) redis.call('HDEL', P .. ':epoch', unpack(c)) end)
-end
+redis.call('ZREMRANGEBYSCORE', P .. ':leases', '-inf', now)
 redis.call('ZREMRANGEBYSCORE', P .. ':rpm', '-inf', now - 60000)
 local old = redis.call('ZRANGEBYSCORE', P .. ':tpm', '-inf', now - 60000)
 if #old > 0 then
@@ -142,7 +137,6 @@ else
 end
 if maxc > 0 then
   redis.call('ZADD', P .. ':leases', now + lease_ms, wid)
-  redis.call('HSET', P .. ':epoch', wid, epoch)
 end
 if rpm > 0 then redis.call('ZADD', P .. ':rpm', now, wid) end
 if tpm > 0 then
@@ -169,7 +163,10 @@ return 1
 
 #: ARGV: prefix, lease id, release (0: report an overload only), used tokens (-1: keep the
 #: estimate), overloaded, succeeded, refund (0/1 each), max_concurrent, adaptive (0/1),
-#: min_concurrent, decrease_factor, increase_step.
+#: min_concurrent, decrease_factor, increase_step, the AIMD epoch the lease was granted in.
+#: The epoch comes from the caller, not from Redis: an attempt's overload report and the
+#: call's release go out as separate background operations, on connections of their own,
+#: and Redis may run the release first.
 #: Returns the adaptive limit after the change (-1 without one).
 PACER_RELEASE = (
     _PACER_PRELUDE
@@ -177,12 +174,10 @@ PACER_RELEASE = (
 local id, release, used = ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
 local overloaded, succeeded, refund = ARGV[5] == '1', ARGV[6] == '1', ARGV[7] == '1'
 local maxc, adaptive, minc = tonumber(ARGV[8]), ARGV[9] == '1', tonumber(ARGV[10])
-local factor, step = tonumber(ARGV[11]), tonumber(ARGV[12])
+local factor, step, granted = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 
-local granted = redis.call('HGET', P .. ':epoch', id)
 if release then
   redis.call('ZREM', P .. ':leases', id)
-  redis.call('HDEL', P .. ':epoch', id)
   if refund then
     redis.call('ZREM', P .. ':rpm', id)
     used = 0
@@ -199,7 +194,7 @@ local limit = tonumber(redis.call('HGET', A, 'limit') or maxc)
 local epoch = tonumber(redis.call('HGET', A, 'epoch') or '0')
 if overloaded then
   redis.call('HINCRBY', A, 'overloads', 1)
-  if granted and tonumber(granted) == epoch then
+  if granted == epoch then
     limit = math.max(minc, math.floor(limit * factor + 1e-9))
     redis.call('HSET', A, 'limit', limit, 'epoch', epoch + 1, 'successes', 0)
   end

@@ -479,6 +479,40 @@ async def test_an_overload_seen_by_one_process_shrinks_the_fleets_limit(
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.anyio
+async def test_an_overload_report_that_reaches_redis_after_its_release_still_counts(
+    redis_server: RedisServer, redis_prefix: str, anyio_backend: str
+) -> None:
+    """An attempt's 429 report and the call's release are two background operations on
+    connections of their own: Redis may run the release first. The report must shrink the
+    fleet's limit all the same (it once looked the lease up, gone by then)."""
+    import redis.asyncio
+
+    from stallproof._pacer import PacerRuntime
+    from stallproof._shared import Stores
+
+    shared = healthy_state(redis_server.url, redis_prefix)
+    stores = Stores()
+    pacing = PacerRuntime(stallproof.Pacer(max_concurrent=4, shared=shared), stores=stores)
+    permit = await pacing.acquire(
+        agent=None, estimated_tokens=1, deadline=anyio.current_time() + 10
+    )
+    lease = permit._fleet
+    assert lease is not None
+    lease._fleet._report(lease, True, None, False, False, False)  # the release, first
+    await stores.settle()
+    lease._fleet._report(lease, False, None, True, False, False)  # then the 429 report
+    await stores.settle()
+    db = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        limit = await db.hget("{" + redis_prefix + "}:pacer:aimd", "limit")
+    finally:
+        await db.aclose()
+        await pacing.aclose()
+    assert limit is not None and float(limit) == 2
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
 async def test_tokens_per_minute_is_the_fleets(
     fault_server: Any,
     fault_key: str,
