@@ -344,14 +344,13 @@ class Call:
         if isinstance(
             e, (httpcore2.UnsupportedProtocol, httpcore2.LocalProtocolError, h11.LocalProtocolError)
         ):
-            # (h11's own: what the pool lets through unmapped while sending a body that
-            # does not match the caller's content-length.)
-            # Its text may quote a header value (h11: "Illegal header value b'Bearer
-            # sk-...'"): keep only the words before the first quote, and chain nothing,
-            # so no message, log line or __context__ carries the value.
-            # The refusal is raised from `_TimeoutScope.__exit__`, where Python makes the
-            # pool's error its __context__ whatever we do: so that error keeps no text and
-            # its frames no locals (the header dict among them).
+            # (h11's own error is what the pool lets through unmapped while sending a body
+            # that does not match the caller's content-length.) Its text may quote a
+            # header value (h11: "Illegal header value b'Bearer sk-...'"): keep only the
+            # words before the first quote. The refusal is raised from
+            # `_TimeoutScope.__exit__`, where Python makes the pool's error its __context__
+            # whatever we do, so that error keeps no text and its frames no locals (the
+            # headers among them), and the refusal does not show it.
             said = re.split(r"""['"]""", str(e), maxsplit=1)[0].strip(" :")
             e.args = ()
             traceback.clear_frames(e.__traceback__)

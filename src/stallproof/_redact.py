@@ -34,6 +34,7 @@ _REDACTED = "[redacted]"
 # SP and HTAB only). Regular expressions: every header of every call passes here.
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_EDGE = (b" ", b"\t")
 
 
 def header_problem(name: bytes, value: bytes) -> str | None:
@@ -46,9 +47,6 @@ def header_problem(name: bytes, value: bytes) -> str | None:
     if _BAD.search(value) is not None:
         return f"header {label!r} has a control character in its value (value not shown)"
     return None
-
-
-_EDGE = (b" ", b"\t")
 
 
 def check_headers(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
