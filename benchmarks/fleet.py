@@ -42,8 +42,8 @@ from typing import Any
 import stallproof
 from fault_server import running
 from stallproof._breaker import BreakerRegistry
+from stallproof._fleet import Stores
 from stallproof._pacer import PacerRuntime
-from stallproof._shared import Stores
 
 ROUNDS = 10
 # Admissions per round not counted: a round's new connection pool opens its connections

@@ -10,7 +10,7 @@ waiting for headers and the rest stall waiting for the pool; all of them must en
 For each call it records when it ended past its deadline (its *overshoot*) and reports
 p50/p99/max per backend and pool:
 
-- ``wire``: stallproof's own pool (`stallproof._pool.Wire`), the default;
+- ``wire``: stallproof's own pool (`stallproof._wire._pool.Wire`), the default;
 - ``httpcore2``: httpcore2's ``AsyncConnectionPool`` (pydantic's fork of httpcore) under the
   same engine;
 - ``httpx``: a caller's plain ``httpx.AsyncClient`` (httpcore's pool) under the same engine.
@@ -47,7 +47,7 @@ import httpcore2
 import httpx
 
 import stallproof
-from stallproof._pool import WireStats
+from stallproof._wire._pool import WireStats
 
 TOTAL = 1.0
 POOLS = ("wire", "httpcore2", "httpx")
@@ -136,7 +136,7 @@ class Bookkeeping:
     def install(self) -> None:
         from httpcore2._async.connection_pool import AsyncConnectionPool
 
-        from stallproof._pool import Wire
+        from stallproof._wire._pool import Wire
 
         self.wrap(AsyncConnectionPool, "_assign_requests_to_connections")
         self.wrap(Wire, "_checkout")

@@ -10,7 +10,7 @@ live in submodules that are imported on first use: ``import stallproof`` imports
 import importlib
 from types import ModuleType
 
-from ._breaker import Breaker, CircuitState
+from ._breaker import CircuitState
 from ._client import Client
 from ._completions import Chat, Completions
 from ._config import UNSET, Limits, Timeouts
@@ -50,14 +50,13 @@ from ._exceptions import (
     UnprocessableEntityError,
     WriteTimeout,
 )
+from ._faces._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
 from ._inflight import InflightCall, dump_on_signal, format_inflight, tag
-from ._pacer import Pacer, PacerState
+from ._pacer import PacerState
+from ._policies import DEFAULT_RETRY_STATUSES, Breaker, Pacer, RedisState, Retry, RetryBudget
 from ._raw import RawResponse, StreamingResponse
 from ._resources import Embeddings, ModelList, ModelPage, Models
-from ._retry import DEFAULT_RETRY_STATUSES, Retry, RetryBudget
-from ._shared import RedisState
 from ._stream import AsyncStream
-from ._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
 from ._version import __version__ as __version__
 
 __all__ = [

@@ -36,47 +36,10 @@ import anyio
 import pybreaker
 
 from . import _exceptions as exc
-from ._fleet import FleetBreaker
-from ._shared import Health, RedisState, Stores, now
-from ._validate import check_bool, check_int, check_number, invalid
+from ._fleet import FleetBreaker, Health, Stores, now
+from ._policies import Breaker
 
-__all__ = ["Breaker", "BreakerRegistry", "Circuit", "CircuitState", "Ticket"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Breaker:
-    """Circuit-breaker policy, one circuit per upstream.
-
-    Args:
-        fail_max: consecutive failed attempts that open the circuit. Default 5.
-        reset_timeout: seconds the circuit stays open before one probe is let through.
-            Default 30.
-        success_threshold: successful probes needed to close it again. Default 1.
-        per_model: keep a separate circuit per (base URL, model) instead of per base URL.
-            Default False.
-        max_open: the longest a server's Retry-After may hold the circuit open. Default 300.
-        shared: a `RedisState` to share each circuit with the other processes that use it
-            (docs/fleet.md). Default None: this process only.
-
-    Example:
-        >>> Client(base_url=..., breaker=Breaker(fail_max=3, reset_timeout=10))
-    """
-
-    fail_max: int = 5
-    reset_timeout: float = 30.0
-    success_threshold: int = 1
-    per_model: bool = False
-    max_open: float = 300.0
-    shared: RedisState | None = None
-
-    def __post_init__(self) -> None:
-        if self.shared is not None and not isinstance(self.shared, RedisState):
-            raise invalid("Breaker.shared", "None or a RedisState", self.shared)
-        for name in ("fail_max", "success_threshold"):
-            check_int(f"Breaker.{name}", getattr(self, name), minimum=1)
-        for name in ("reset_timeout", "max_open"):
-            check_number(f"Breaker.{name}", getattr(self, name), above=0)
-        check_bool("Breaker.per_model", self.per_model)
+__all__ = ["BreakerRegistry", "Circuit", "CircuitState", "Ticket"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

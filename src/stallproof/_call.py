@@ -14,7 +14,7 @@ import secrets
 import traceback
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import h11
@@ -26,10 +26,14 @@ from ._config import Timeouts
 from ._deadline import ActiveDeadline
 from ._inflight import InflightCall
 
-if TYPE_CHECKING:
-    from ._telemetry import CallTelemetry
+__all__ = ["Call", "PhaseListener", "loop_clock", "new_request_id"]
 
-__all__ = ["Call", "loop_clock", "new_request_id"]
+
+class PhaseListener(Protocol):
+    """Told of every phase change of a call (the call's telemetry, `CallTelemetry`)."""
+
+    def phase_changed(self, old: str, new: str) -> None: ...
+
 
 # httpcore trace event -> the phase the call enters when it is emitted.
 _TRACE_PHASES = {
@@ -159,7 +163,7 @@ class Call:
         self.bytes_received = 0
         self.content_chunks = 0
         self.shared: str | None = None  # fleet state: "redis", "local (why)"; None: unshared
-        self.telemetry: CallTelemetry | None = None
+        self.telemetry: PhaseListener | None = None
         self._registry: dict[int, Call] | None = None
         self._scope: anyio.CancelScope | None = None
         self._bound = "total"

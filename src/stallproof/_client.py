@@ -14,20 +14,20 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from . import _exceptions as exc
-from ._breaker import Breaker, CircuitState
+from ._breaker import CircuitState
 from ._completions import Beta, Chat
 from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
 from ._engine import CallOptions, Engine, Incoming
-from ._httpx_pool import HttpxClientPool
 from ._inflight import InflightCall
-from ._pacer import Pacer, PacerState
-from ._proxy import ProxyTypes
+from ._pacer import PacerState
+from ._policies import Breaker, Pacer, Retry, RetryBudget
 from ._raw import PerCall, Prepared
 from ._redact import safe_url
 from ._request import is_omitted
 from ._resources import Embeddings, Models
-from ._retry import Retry, RetryBudget
 from ._settings import Settings
+from ._wire._httpx_pool import HttpxClientPool
+from ._wire._proxy import ProxyTypes
 
 __all__ = ["Client"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 import httpx
 import httpx2
@@ -30,14 +30,19 @@ from typing_extensions import TypedDict, Unpack
 from . import _exceptions as exc
 from ._config import Timeouts
 from ._engine import Incoming
-from ._raw import PerCall, Prepared, RawResponse, StreamingResponse, raw_wrapper, streaming_wrapper
+from ._policies import Retry
+from ._raw import (
+    PerCall,
+    Prepared,
+    RawResponse,
+    Sender,
+    StreamingResponse,
+    raw_wrapper,
+    streaming_wrapper,
+)
 from ._request import build_body, is_omitted
 from ._results import read_result, refuse
-from ._retry import Retry
 from ._stream import AsyncStream
-
-if TYPE_CHECKING:
-    from ._client import Client
 
 __all__ = ["Beta", "Chat", "Completions", "CreateArgs"]
 
@@ -93,7 +98,7 @@ async def _completion(incoming: Incoming) -> ChatCompletion:
 class Completions:
     """``client.chat.completions``."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Sender) -> None:
         self._client = client
         self.with_raw_response = RawCompletions(self)
         self.with_streaming_response = StreamingCompletions(self)
@@ -254,7 +259,7 @@ class StreamingCompletions:
 class Chat:
     """``client.chat``."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Sender) -> None:
         self.completions = Completions(client)
 
 

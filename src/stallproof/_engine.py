@@ -35,7 +35,7 @@ import httpcore2
 
 from . import _exceptions as exc
 from ._body import ResponseBody, aclose_iterator, close_wire
-from ._breaker import Breaker, BreakerRegistry, Circuit, CircuitState
+from ._breaker import BreakerRegistry, Circuit, CircuitState
 from ._call import Call
 from ._callscope import CallScope
 from ._config import UNSET, Limits, Timeouts, Unset
@@ -50,17 +50,18 @@ from ._decoding import (
     decoded_headers,
     typed_errors,
 )
+from ._fleet import Stores
 from ._inflight import InflightCall, current_tags
 from ._json import OFF_LOOP_BYTES, loads
-from ._pacer import Pacer, PacerRuntime, PacerState
-from ._pool import Wire, WireStats
+from ._pacer import PacerRuntime, PacerState
+from ._policies import Breaker, Pacer, Retry, RetryBudget
 from ._progress import Outcome
-from ._proxy import ProxyTypes
 from ._redact import check_headers
-from ._retry import Retry, RetryBudget, RetryTokens, make_retrying
-from ._shared import Stores
+from ._retry import RetryTokens, make_retrying
 from ._status import status_error_from_body
 from ._telemetry import Instruments
+from ._wire._pool import Wire, WireStats
+from ._wire._proxy import ProxyTypes
 
 __all__ = ["CallOptions", "Engine", "Incoming", "Outgoing", "Pool", "new_request_id"]
 
@@ -164,7 +165,7 @@ class Engine:
         breaker: a `Breaker` policy, one circuit per upstream; None: no breaker.
         pacer: a `Pacer` every call waits for (inside its deadline); None: no pacing.
         pool: the connection pool to send through; default: stallproof's own, built from
-            ``limits`` (see `stallproof._pool`).
+            ``limits`` (see `stallproof._wire._pool`).
         trust_env: the default pool sends through the proxies ``HTTP_PROXY``,
             ``HTTPS_PROXY``, ``ALL_PROXY`` name, bar ``NO_PROXY`` (as httpx does).
         proxy: a proxy URL (``http://user:pass@host:3128``, ``socks5://...``) or an
@@ -213,7 +214,7 @@ class Engine:
         self._pacing = PacerRuntime(pacer, stores=stores) if pacer is not None else None
         self._owns_pool = pool is None
         if pool is None:
-            from ._pool import open_pool
+            from ._wire._pool import open_pool
 
             pool = open_pool(limits, trust_env=trust_env, proxy=proxy)
         self.pool: Pool = pool

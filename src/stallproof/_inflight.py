@@ -21,16 +21,21 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType, MappingProxyType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 from ._exceptions import InvalidRequestError
-
-if TYPE_CHECKING:
-    from ._client import Client
 
 __all__ = ["InflightCall", "current_tags", "dump_on_signal", "format_inflight", "tag"]
 
 #: Phases in the order a call passes through them.
+
+
+class HasInflight(Protocol):
+    """Anything with an in-flight view: `Client`, a face, a transport."""
+
+    def inflight(self, *, stalled_after: float = ...) -> tuple[InflightCall, ...]: ...
+
+
 PHASES = (
     "pacer queue",
     "pool wait",
@@ -158,7 +163,7 @@ def format_inflight(calls: Iterable[InflightCall], *, now_label: str = "") -> st
 
 
 def dump_on_signal(
-    *clients: Client,
+    *clients: HasInflight,
     signum: int | None = None,
     file: IO[str] | None = None,
     stalled_after: float = 5.0,

@@ -39,21 +39,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import types
-from collections.abc import Mapping
 
 import anyio
 import anyio.lowlevel
 
 from . import _exceptions as exc
 from ._exceptions import PacerTimeout
-from ._fleet import FleetLease, FleetPacer
-from ._shared import RedisState, Stores
-from ._validate import check_bool, check_int, check_number, invalid, is_int, is_number
+from ._fleet import FleetLease, FleetPacer, Stores
+from ._policies import Pacer
+from ._validate import invalid, is_int, is_number
 
 __all__ = [
     "OVERLOAD_STATUSES",
-    "Pacer",
     "PacerState",
     "PacerTimeout",
     "PacerRuntime",
@@ -69,85 +66,6 @@ _MINUTE = 60.0
 def is_overload(error: BaseException | None) -> bool:
     """Whether ``error`` is an answer that should shrink the adaptive limit (429/503/529)."""
     return isinstance(error, exc.APIStatusError) and error.status_code in OVERLOAD_STATUSES
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Pacer:
-    """How a client paces its calls. Every wait fits inside the call's total deadline.
-
-    All limits are optional; with none, calls are never held but still counted and visible
-    in `Client.pacer_state`.
-
-    Args:
-        max_concurrent: calls in flight at once. Default None (no limit).
-        requests_per_minute: calls started in any 60 s window. Default None.
-        tokens_per_minute: tokens of the calls started in any 60 s window: their estimates
-            (`estimate_tokens`) until the call's usage is known. Default None.
-        adaptive: shrink the concurrency limit under overload and grow it back (AIMD, see
-            the module docstring). Needs max_concurrent. Default True.
-        min_concurrent: the adaptive limit never goes below this. Default 1.
-        decrease_factor: the limit is multiplied by this on overload, rounded down.
-            Default 0.5.
-        increase_step: added to the limit after each window of successes (as many
-            successful calls as the current limit). Default 1.
-        weights: agent name -> share of the turns (0.01 to 100); others weigh 1. Default None.
-        chars_per_token: characters per token when estimating a request. Default 4.
-        shared: a `RedisState` to share every limit with the other processes that use it
-            (docs/fleet.md). Default None: this process only.
-
-    Example:
-        >>> Client(base_url=..., pacer=Pacer(max_concurrent=8, requests_per_minute=600))
-    """
-
-    max_concurrent: int | None = None
-    requests_per_minute: float | None = None
-    tokens_per_minute: float | None = None
-    adaptive: bool = True
-    min_concurrent: int = 1
-    decrease_factor: float = 0.5
-    increase_step: float = 1.0
-    weights: Mapping[str, float] | None = dataclasses.field(default=None, hash=False)
-    chars_per_token: float = 4.0
-    shared: RedisState | None = None
-
-    def __post_init__(self) -> None:
-        if self.shared is not None and not isinstance(self.shared, RedisState):
-            raise invalid("Pacer.shared", "None or a RedisState", self.shared)
-        most = self.max_concurrent
-        check_int("Pacer.max_concurrent", most, minimum=1, optional=True)
-        for name in ("requests_per_minute", "tokens_per_minute"):
-            check_number(f"Pacer.{name}", getattr(self, name), minimum=1, optional=True)
-        check_bool("Pacer.adaptive", self.adaptive)
-        check_int("Pacer.min_concurrent", self.min_concurrent, minimum=1, maximum=most)
-        check_number("Pacer.decrease_factor", self.decrease_factor, above=0, below=1)
-        for name in ("increase_step", "chars_per_token"):
-            check_number(f"Pacer.{name}", getattr(self, name), above=0)
-        if self.weights is not None:
-            weights = dict(self.weights)
-            for agent, weight in weights.items():
-                if not isinstance(agent, str):
-                    raise invalid("Pacer.weights keys", "agent names (str)", agent)
-                check_number(f"Pacer.weights[{agent!r}]", weight, minimum=0.01, maximum=100)
-            object.__setattr__(self, "weights", types.MappingProxyType(weights))
-
-    def estimate_tokens(self, messages: object, *, max_tokens: int | None = None) -> int:
-        """What a request counts against ``tokens_per_minute`` before it is sent.
-
-        Every string in ``messages`` (contents, content parts, tool-call arguments, names) at
-        ``chars_per_token`` characters a token, rounded up, plus ``max_tokens``: providers
-        reserve the completion allowance against the limit when the request arrives.
-        """
-        return math.ceil(_chars(messages) / self.chars_per_token) + (max_tokens or 0)
-
-
-def _chars(value: object) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(_chars(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_chars(v) for v in value)
-    return 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -14,22 +14,32 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 
 from . import _exceptions as exc
 from ._config import UNSET, Unset
 from ._engine import Incoming
+from ._policies import Retry
 from ._request import is_omitted
-from ._retry import Retry
 
-if TYPE_CHECKING:
-    from ._client import Client
-
-__all__ = ["PerCall", "Prepared", "RawResponse", "StreamingResponse", "raw_wrapper"]
+__all__ = ["PerCall", "Prepared", "RawResponse", "Sender", "StreamingResponse", "raw_wrapper"]
 
 R = TypeVar("R")
+
+
+class Sender(Protocol):
+    """What a resource (``chat.completions``, ``models``, ``embeddings``) needs of its
+    client: send a prepared call through the engine, or send it and convert the answer.
+    `Client` is the one implementation; resources depend on this, not on `Client`, so
+    the client can build its resources without an import circle."""
+
+    async def _send(
+        self, method: bytes, path: str, body: dict[str, Any] | None, opts: PerCall, *, stream: bool
+    ) -> Incoming: ...
+
+    async def _run(self, prepared: Prepared[R]) -> R: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,7 +120,7 @@ class StreamingResponse(Generic[R]):
     Leaving the block releases the connection, whether or not the body was read.
     """
 
-    def __init__(self, client: Client, prepared: Prepared[R]) -> None:
+    def __init__(self, client: Sender, prepared: Prepared[R]) -> None:
         self._client = client
         self._prepared = prepared
         self._incoming: Incoming | None = None
@@ -149,7 +159,7 @@ class StreamingResponse(Generic[R]):
 
 
 def raw_wrapper(
-    client: Client, prepare: Callable[..., Prepared[R]]
+    client: Sender, prepare: Callable[..., Prepared[R]]
 ) -> Callable[..., Awaitable[RawResponse[R]]]:
     """``prepare``'s method as ``with_raw_response`` exposes it."""
 
@@ -162,7 +172,7 @@ def raw_wrapper(
 
 
 def streaming_wrapper(
-    client: Client, prepare: Callable[..., Prepared[R]]
+    client: Sender, prepare: Callable[..., Prepared[R]]
 ) -> Callable[..., StreamingResponse[R]]:
     """``prepare``'s method as ``with_streaming_response`` exposes it."""
 

@@ -4,7 +4,7 @@ through the same engine, so no second unbounded client is needed for them."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pydantic
 from openai.types import CreateEmbeddingResponse, Model
@@ -14,12 +14,9 @@ from typing_extensions import Unpack
 from . import _exceptions as exc
 from ._completions import CallArgs
 from ._engine import Incoming
-from ._raw import PerCall, Prepared, RawResponse, raw_wrapper
+from ._raw import PerCall, Prepared, RawResponse, Sender, raw_wrapper
 from ._request import is_omitted
 from ._results import read_result
-
-if TYPE_CHECKING:
-    from ._client import Client
 
 __all__ = ["Embeddings", "ModelPage", "Models"]
 
@@ -37,7 +34,7 @@ class ModelList:
     """What ``client.models.list()`` returns, as openai's paginator: ``await`` it for the
     page, or ``async for`` over the models."""
 
-    def __init__(self, client: Client, opts: PerCall) -> None:
+    def __init__(self, client: Sender, opts: PerCall) -> None:
         self._client = client
         self._opts = opts
 
@@ -60,7 +57,7 @@ async def _model_page(incoming: Incoming) -> ModelPage:
 class Models:
     """``client.models``."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Sender) -> None:
         self._client = client
 
     def list(self, **params: Unpack[CallArgs]) -> ModelList:
@@ -89,7 +86,7 @@ async def _embeddings(incoming: Incoming) -> CreateEmbeddingResponse:
 class Embeddings:
     """``client.embeddings``."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Sender) -> None:
         self._client = client
         self.with_raw_response = RawEmbeddings(self)
 

@@ -11,7 +11,6 @@ loop, so it cancels an attempt wherever it is.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -22,108 +21,11 @@ import tenacity
 
 from . import _exceptions as exc
 from ._call import Call
-from ._validate import check_int, check_number
+from ._policies import Retry, RetryBudget
 
-__all__ = ["DEFAULT_RETRY_STATUSES", "Retry", "RetryBudget", "RetryTokens", "make_retrying"]
+__all__ = ["RetryTokens", "make_retrying"]
 
 logger = logging.getLogger("stallproof")
-
-#: Statuses worth another attempt: timeouts, conflicts, rate limits, overload, gateways.
-DEFAULT_RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
-# Never retried, whatever `statuses` says: the request itself is wrong.
-_NEVER_RETRY = frozenset({400, 401, 403, 404, 422})
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Retry:
-    """How one call retries. Every attempt and every wait fits inside its total deadline.
-
-    Args:
-        attempts: attempts in all, the first included (1 = never retry). Default 3.
-        backoff_base: the first backoff window, in seconds. Default 0.5.
-        backoff_max: the largest backoff window. Default 8. The wait before attempt n+1 is
-            uniform in [0, min(backoff_max, backoff_base * 2**(n-1))] ("full jitter").
-        retry_after_max: the longest server-requested wait (``Retry-After``,
-            ``retry-after-ms``) honoured; longer requests are clamped to it. Default 60.
-        statuses: HTTP statuses that are retried. Default 408, 409, 429, 500, 502, 503,
-            504, 529. 400, 401, 403, 404 and 422 are never retried.
-
-    What is retried: connect errors, connect and pool timeouts, and any timeout, reset or
-    truncation that happens before content reached the caller. A stream is retried until
-    its first content chunk and never after. ``x-should-retry: true|false`` from the
-    server overrides the status rule. Malformed answers, size caps, caller errors, an open
-    circuit and the total timeout are never retried.
-
-    If the server's Retry-After (after clamping) or the backoff does not fit in the time
-    left, the call fails at once with `RetryWouldExceedDeadline` instead of sleeping into
-    a certain timeout.
-    """
-
-    attempts: int = 3
-    backoff_base: float = 0.5
-    backoff_max: float = 8.0
-    retry_after_max: float = 60.0
-    statuses: frozenset[int] = DEFAULT_RETRY_STATUSES
-
-    def __post_init__(self) -> None:
-        check_int("Retry.attempts", self.attempts, minimum=1)
-        check_number("Retry.backoff_base", self.backoff_base, above=0)
-        check_number("Retry.backoff_max", self.backoff_max, above=0)
-        check_number("Retry.retry_after_max", self.retry_after_max, minimum=0)
-        statuses = frozenset(self.statuses)
-        for code in statuses:
-            check_int("each of Retry.statuses", code, minimum=100, maximum=599)
-        object.__setattr__(self, "statuses", statuses)
-
-    def backoff(self, attempt: int, u: float) -> float:
-        """The wait after failed attempt number ``attempt`` (1-based), for ``u`` in [0, 1)."""
-        window = min(self.backoff_max, self.backoff_base * 2.0 ** (attempt - 1))
-        return window * u
-
-    def retryable(self, error: BaseException) -> bool:
-        """Whether ``error`` is worth another attempt under this policy (budget aside).
-
-        The client calls this only for failures before content reached the caller: a
-        stream's attempt ends at its first content chunk.
-        """
-        if not isinstance(error, exc.StallproofError):
-            return False
-        if isinstance(error, exc.APIStatusError):
-            hint = error.headers.get("x-should-retry")
-            if error.status_code in _NEVER_RETRY:
-                return False
-            if hint == "true":
-                return True
-            if hint == "false":
-                return False
-            return error.status_code in self.statuses
-        if isinstance(error, (exc.TotalTimeout, exc.CircuitOpen)):
-            return False
-        return isinstance(error, (exc.TimeoutException, exc.TransportError, exc.TruncatedResponse))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RetryBudget:
-    """A client-wide cap on retries, gRPC's retry throttling (a token bucket).
-
-    The bucket starts full at ``max_tokens``. Every attempt that fails with a retryable
-    error takes one token; every success puts back ``token_ratio``. A retry is allowed only
-    while more than half the bucket is left. So when most calls fail, retries stop and
-    calls fail fast instead of multiplying the load; as successes return, retries resume.
-
-    Args:
-        max_tokens: bucket size. Default 10: from full, at most 4 retries go out in a burst
-            of failures before retries stop (the 5th failure brings it to the half mark).
-        token_ratio: tokens returned per success. Default 0.1: in steady state retries are
-            at most about 10% of successful calls.
-    """
-
-    max_tokens: float = 10.0
-    token_ratio: float = 0.1
-
-    def __post_init__(self) -> None:
-        check_number("RetryBudget.max_tokens", self.max_tokens, above=0)
-        check_number("RetryBudget.token_ratio", self.token_ratio, above=0)
 
 
 class RetryTokens:

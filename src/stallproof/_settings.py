@@ -17,9 +17,9 @@ from openai import NOT_GIVEN
 from . import _exceptions as exc
 from ._config import UNSET, Timeouts
 from ._engine import CallOptions, Outgoing
+from ._policies import Retry
 from ._redact import safe_url
 from ._request import encode_json, is_omitted
-from ._retry import Retry
 from ._version import __version__
 
 __all__ = ["DEFAULT_BASE_URL", "Settings", "encode_headers"]

@@ -31,12 +31,10 @@ import httpx
 import httpx2
 import openai
 
-from ._breaker import Breaker
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
-from ._pacer import Pacer
-from ._retry import Retry, RetryBudget
-from ._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
+from ._faces._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
+from ._policies import Breaker, Pacer, Retry, RetryBudget
 
 __all__ = ["AsyncOpenAI"]
 

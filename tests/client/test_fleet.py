@@ -487,8 +487,8 @@ async def test_an_overload_report_that_reaches_redis_after_its_release_still_cou
     fleet's limit all the same (it once looked the lease up, gone by then)."""
     import redis.asyncio
 
+    from stallproof._fleet import Stores
     from stallproof._pacer import PacerRuntime
-    from stallproof._shared import Stores
 
     shared = healthy_state(redis_server.url, redis_prefix)
     stores = Stores()

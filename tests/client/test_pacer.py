@@ -18,7 +18,8 @@ import pytest
 import trio.testing
 
 import stallproof
-from stallproof._pacer import Pacer, PacerRuntime, PacerTimeout, Permit
+from stallproof._pacer import PacerRuntime, PacerTimeout, Permit
+from stallproof._policies import Pacer
 
 from ..support.timing import MARGIN, stopwatch
 

@@ -32,8 +32,8 @@ import httpx
 import pytest
 
 import stallproof
-from stallproof._network import Network, system_resolver
-from stallproof._pool import Wire
+from stallproof._wire._network import Network, system_resolver
+from stallproof._wire._pool import Wire
 
 from ..support.timing import MARGIN, stopwatch
 
@@ -514,7 +514,7 @@ def test_hung_lookups_do_not_hold_up_shutdown() -> None:
         f"""
         import asyncio, socket, time
         import anyio, stallproof
-        from stallproof._network import Network
+        from stallproof._wire._network import Network
 
         def resolve(host, port):
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

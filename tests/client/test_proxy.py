@@ -24,8 +24,8 @@ import fault_server
 import stallproof
 import stallproof.openai
 from fault_server._wire_tls import TLS_SUPPORTED, self_signed
-from stallproof._pool import Wire
-from stallproof._proxy import proxy_routes
+from stallproof._wire._pool import Wire
+from stallproof._wire._proxy import proxy_routes
 
 from ..support.clients import KEY, assert_pool_clean, pool_state
 from ..support.proxyserver import ProxyServer

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 import stallproof
-import stallproof._httpx_pool
+import stallproof._wire._httpx_pool
 import stallproof.anthropic
 import stallproof.openai
 
@@ -126,7 +126,7 @@ async def test_the_legacy_httpx_client_too(fault_server: Any) -> None:
 
 
 def test_the_pool_warning_is_said_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stallproof._httpx_pool, "_warned", False)
+    monkeypatch.setattr(stallproof._wire._httpx_pool, "_warned", False)
     with pytest.warns(RuntimeWarning, match="every bound holds") as caught:
         stallproof.openai.AsyncOpenAI(api_key=KEY, http_client=httpx2.AsyncClient())
     assert caught[0].filename == __file__  # it points at the caller's line

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 import stallproof
-from stallproof._pool import WireStats
+from stallproof._wire._pool import WireStats
 
 # A fake API key; tests assert it never shows up in reprs, errors, logs or spans.
 KEY = "sk-test-SECRET-0123456789"

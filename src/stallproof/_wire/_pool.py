@@ -14,7 +14,7 @@ made without awaiting (I/O — closing a socket — comes after):
 - ``_waiting``: callers waiting for a slot, first come first served (dict: O(1) removal);
 - ``_open``: connections open or opening; ``_busy``: connections handed to a caller.
 
-Connections are keyed by origin *and* proxy (`stallproof._proxy`): a connection through a
+Connections are keyed by origin *and* proxy (`stallproof._wire._proxy`): a connection through a
 proxy is only ever reused for the same origin through the same proxy. Which proxy an origin
 takes is worked out once per origin (httpx's rules) and remembered, so the key stays O(1).
 
@@ -40,7 +40,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 import anyio
 import httpcore2
 
-from ._config import Limits
+from .._config import Limits
 from ._network import Network
 from ._proxy import ProxyRoute, ProxyRoutes, ProxyTypes, proxy_routes
 
@@ -73,7 +73,7 @@ class WireStats:
 
 
 _Conn = httpcore2.AsyncConnectionInterface
-"""A connection: direct (`AsyncHTTPConnection`) or through a proxy (`stallproof._proxy`)."""
+"""A connection: direct (`AsyncHTTPConnection`) or through a proxy (`stallproof._wire._proxy`)."""
 
 _Key = tuple[bytes, bytes, int, ProxyRoute | None]
 """Where a connection goes, as a dict key (httpcore2's `Origin` is not hashable): scheme,
@@ -102,7 +102,7 @@ class Wire:
         limits: ``max_connections``, ``max_keepalive_connections`` and ``keepalive_expiry``.
         network: the `Network` backend (default: one with its own DNS limiter).
         ssl_context: for https (default: httpcore2's, with certifi's roots).
-        proxies: the `ProxyRoutes` to send through (see `stallproof._proxy.proxy_routes`);
+        proxies: the `ProxyRoutes` to send through (see `stallproof._wire._proxy.proxy_routes`);
             None: every origin directly.
     """
 
@@ -405,5 +405,5 @@ async def _close(conns: list[_Conn]) -> None:
 
 def open_pool(limits: Limits, *, trust_env: bool = True, proxy: ProxyTypes | None = None) -> Wire:
     """The engine's default pool: through ``proxy`` if given, else (with ``trust_env``)
-    through the proxies the environment names, as httpx would (see `stallproof._proxy`)."""
+    through the proxies the environment names, as httpx would (see `stallproof._wire._proxy`)."""
     return Wire(limits, proxies=proxy_routes(proxy, trust_env=trust_env))

@@ -33,8 +33,8 @@ import httpx
 from httpcore2._async.http_proxy import AsyncForwardHTTPConnection, AsyncTunnelHTTPConnection
 from httpx._utils import URLPattern, get_environment_proxies
 
-from ._exceptions import InvalidRequestError
-from ._redact import safe_url
+from .._exceptions import InvalidRequestError
+from .._redact import safe_url
 
 __all__ = ["ProxyRoute", "ProxyRoutes", "ProxyTypes", "proxy_routes"]
 

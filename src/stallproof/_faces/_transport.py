@@ -29,14 +29,14 @@ from typing import Any
 import httpx
 import httpx2
 
-from . import _exceptions as exc
-from ._body import ResponseBody
-from ._breaker import CircuitState
-from ._config import Timeouts, TimeoutTypes
-from ._engine import CallOptions, Engine, Outgoing
-from ._inflight import InflightCall
-from ._pacer import PacerState
-from ._redact import redacted_request
+from .. import _exceptions as exc
+from .._body import ResponseBody
+from .._breaker import CircuitState
+from .._config import Timeouts, TimeoutTypes
+from .._engine import CallOptions, Engine, Outgoing
+from .._inflight import InflightCall
+from .._pacer import PacerState
+from .._redact import redacted_request
 
 __all__ = ["AsyncTransport", "AsyncTransport2", "http_client", "http_client2"]
 

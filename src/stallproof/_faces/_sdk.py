@@ -31,14 +31,14 @@ from typing import Any, TypeVar
 import httpx
 import httpx2
 
-from . import _exceptions as exc
-from ._breaker import CircuitState
-from ._config import UNSET, Timeouts, Unset
-from ._engine import CallOptions, Engine
-from ._inflight import InflightCall
+from .. import _exceptions as exc
+from .._breaker import CircuitState
+from .._config import UNSET, Timeouts, Unset
+from .._engine import CallOptions, Engine
+from .._inflight import InflightCall
+from .._pacer import PacerState
+from .._policies import Retry
 from ._own_client import adopt
-from ._pacer import PacerState
-from ._retry import Retry
 from ._transport import AsyncTransport, AsyncTransport2
 
 __all__ = ["FaceMixin", "Hardening", "TranslatingDecoder", "harden", "map_timeout", "rebind"]
@@ -139,7 +139,7 @@ def harden(
     With no ``http_client``, ``engine`` (or a new one from ``settings``) under a new
     ``httpx2.AsyncClient``. With one built by stallproof (`http_client2()`, or an
     ``httpx2.AsyncClient(transport=AsyncTransport2(...))``), its engine. With the caller's
-    own client, a new engine installed as its transport (`stallproof._own_client`).
+    own client, a new engine installed as its transport (`stallproof._faces._own_client`).
     """
     retry = _retry_from(retry, max_retries)
     settings = {k: v for k, v in settings.items() if v is not UNSET}

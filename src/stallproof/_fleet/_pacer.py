@@ -1,33 +1,28 @@
-"""The fleet side of a `Pacer` and a `Breaker` with ``shared=RedisState(...)``.
+"""`FleetPacer`: the fleet side of a `Pacer` with ``shared=RedisState(...)``.
 
-`FleetPacer` adds a fleet-wide admission step after the process's own pacer: a call that
-the process would send also needs a grant from Redis (concurrency lease, request and token
-windows, the adaptive limit, fair turns between agents across processes). `FleetBreaker`
-asks Redis whether a circuit admits an attempt, with one half-open probe for the fleet.
-
-Both answer `UNAVAILABLE` when Redis does not answer in time; the caller then goes on with
-its own state (``fail="open"``) or refuses (``fail="closed"``). Releases and outcomes are
-sent in the background (bounded): a lease that could not be released expires by itself at
-its call's deadline, or ``lease_ttl``, whichever comes first.
+A call that the process's own pacer would send also needs a grant from Redis: a
+concurrency lease, the request and token windows, the adaptive limit, fair turns between
+agents across processes. The answer is `UNAVAILABLE` when Redis does not answer in time;
+the caller then goes on with its own state (``fail="open"``) or refuses (``fail="closed"``).
+Releases and overload reports are sent in the background (bounded): a lease that could not
+be released expires by itself at its call's deadline, or ``lease_ttl``, whichever is first.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
-from . import _redis_scripts as lua
-from ._exceptions import PacerTimeout
-from ._shared import UNAVAILABLE, SharedStore, now
+from .._exceptions import PacerTimeout
+from . import _scripts as lua
+from ._store import UNAVAILABLE, SharedStore
 
 if TYPE_CHECKING:
-    from ._breaker import Breaker
-    from ._pacer import Pacer
+    from .._policies import Pacer
 
-__all__ = ["FleetBreaker", "FleetLease", "FleetPacer", "FleetVerdict"]
+__all__ = ["FleetLease", "FleetPacer"]
 
 
 def _agent_key(agent: str | None) -> str:
@@ -208,81 +203,3 @@ class FleetPacer:
             ],
             on_result=self._poke if release else None,
         )
-
-
-class FleetVerdict:
-    """Redis's answer to one admission: go, be the probe, or refused for ``retry_in``."""
-
-    __slots__ = ("retry_in", "state", "ticket_id", "verdict")
-
-    def __init__(self, verdict: str, retry_in: float, state: str, ticket_id: str) -> None:
-        self.verdict = verdict
-        self.retry_in = retry_in
-        self.state = state
-        self.ticket_id = ticket_id
-
-
-class FleetBreaker:
-    """Fleet-wide circuit state for one `Breaker` (see the module docstring)."""
-
-    def __init__(self, policy: Breaker, store: SharedStore) -> None:
-        self.policy = policy
-        self.store = store
-
-    def _key(self, upstream: str) -> str:
-        return f"{self.store.key}:cb:{upstream}"
-
-    async def admit(self, upstream: str, *, deadline: float) -> FleetVerdict | None:
-        """Redis's verdict, or None when it did not answer in time."""
-        ticket_id = self.store.new_id()
-        # A probe holds the fleet's one slot until its call's deadline at most (max_open
-        # when it has none): a probe whose worker died frees it by then.
-        hold = deadline - now() + self.store.config.op_timeout
-        if not math.isfinite(hold):
-            hold = self.policy.max_open
-        probe_ms = math.ceil(min(max(hold, 0.1), self.policy.max_open) * 1000)
-        answer = await self.store.run(
-            "breaker.admit",
-            lua.BREAKER_ADMIT,
-            [self._key(upstream), ticket_id, probe_ms],
-            deadline=deadline,
-        )
-        if answer is UNAVAILABLE:
-            return None
-        verdict, ms, state = answer
-        return FleetVerdict(_text(verdict), int(ms) / 1000, _text(state), ticket_id)
-
-    def record(
-        self,
-        upstream: str,
-        ticket_id: str,
-        outcome: str,
-        open_for: float | None,
-        on_state: Callable[[str, float], None],
-    ) -> None:
-        """Send one outcome ('success', 'failure', 'release') in the background."""
-        policy = self.policy
-        open_ms = -1 if open_for is None else math.ceil(min(open_for, policy.max_open) * 1000)
-
-        def done(answer: Any) -> None:
-            state, ms = answer
-            on_state(_text(state), int(ms) / 1000)
-
-        self.store.submit(
-            "breaker.record",
-            lua.BREAKER_RECORD,
-            [
-                self._key(upstream),
-                ticket_id,
-                outcome,
-                open_ms,
-                policy.fail_max,
-                math.ceil(policy.reset_timeout * 1000),
-                policy.success_threshold,
-            ],
-            on_result=done,
-        )
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -6,7 +6,7 @@ and installs stallproof's engine as its transport. The engine sends through the
 transports the client had (its default one and its proxy mounts, so proxies and TLS
 settings stay), every bound of the engine above them. The client's connections are then
 pooled by httpcore's pool, not stallproof's: a warning says so once per process (see
-`stallproof._httpx_pool`).
+`stallproof._wire._httpx_pool`).
 
 The client is changed in place: every request it sends from then on, the SDK's or not,
 goes through the engine; closing the SDK client closes it, as the SDKs do.
@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import httpx2
 
-from ._engine import Engine
-from ._httpx_pool import TransportPool, warn_once
+from .._engine import Engine
+from .._wire._httpx_pool import TransportPool, warn_once
 from ._transport import AsyncTransport, AsyncTransport2
 
 __all__ = ["adopt"]

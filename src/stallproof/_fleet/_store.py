@@ -21,118 +21,22 @@ line says why) and every call runs on local state.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 import logging
 import math
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 from opentelemetry import metrics
 
-from . import _exceptions as exc
+from .. import _exceptions as exc
+from .._policies import RedisState
 
-__all__ = ["UNAVAILABLE", "FailMode", "Health", "RedisState", "SharedStore", "Stores", "now"]
+__all__ = ["UNAVAILABLE", "Health", "SharedStore", "Stores", "now"]
 
 logger = logging.getLogger("stallproof")
-
-FailMode = str  # "open" or "closed"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RedisState:
-    """Share a `Pacer`'s limits or a `Breaker`'s circuits across processes, through Redis.
-
-    Pass the same settings to every worker of the fleet:
-    ``Pacer(..., shared=RedisState(url))``, ``Breaker(..., shared=RedisState(url))``.
-    Needs the ``stallproof[redis]`` extra (redis-py) and an asyncio event loop.
-
-    Args:
-        url: a redis:// or rediss:// URL. A password in it never appears in a repr or a log.
-        prefix: the key prefix. Workers with the same prefix share one pacer; give each
-            provider limit its own. Default "stallproof".
-        op_timeout: the bound on each Redis operation, in seconds, clipped to the call's
-            deadline. Default 0.1.
-        fail: what a call does when Redis cannot answer in time. "open" (default): go on
-            with this process's own state. "closed": fail with `SharedStateUnavailable`.
-        retry_interval: after a failure, seconds before Redis is tried again. Default 1.
-        lease_ttl: the longest a concurrency lease lives, in seconds; a lease also ends at
-            its call's total deadline. A crashed worker's slots come back by then.
-            Default 300.
-        poll_interval: how often a call waiting for fleet capacity asks again. Default 0.05.
-
-    Example:
-        >>> shared = RedisState("redis://redis:6379/0", prefix="openai")
-        >>> Client(..., pacer=Pacer(requests_per_minute=600, shared=shared))
-    """
-
-    url: str
-    prefix: str = "stallproof"
-    op_timeout: float = 0.1
-    fail: FailMode = "open"
-    retry_interval: float = 1.0
-    lease_ttl: float = 300.0
-    poll_interval: float = 0.05
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or urlsplit(self.url).scheme not in (
-            "redis",
-            "rediss",
-            "unix",
-        ):
-            raise exc.InvalidRequestError(
-                "RedisState.url must be a redis://, rediss:// or unix:// URL,"
-                f" got {_mask(self.url)!r}"
-            )
-        if not isinstance(self.prefix, str) or not self.prefix or "{" in self.prefix:
-            raise exc.InvalidRequestError(
-                f"RedisState.prefix must be a non-empty str without braces, got {self.prefix!r}"
-            )
-        if self.fail not in ("open", "closed"):
-            raise exc.InvalidRequestError(
-                f"RedisState.fail must be 'open' or 'closed', got {self.fail!r}"
-            )
-        for name, most in (
-            ("op_timeout", 60.0),
-            ("retry_interval", 3600.0),
-            ("lease_ttl", 86400.0),
-            ("poll_interval", 60.0),
-        ):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or not 0 < value <= most
-            ):
-                raise exc.InvalidRequestError(
-                    f"RedisState.{name} must be a number > 0 and <= {most:g}, got {value!r}"
-                )
-
-    def __repr__(self) -> str:
-        return (
-            f"RedisState(url={_mask(self.url)!r}, prefix={self.prefix!r},"
-            f" op_timeout={self.op_timeout!r}, fail={self.fail!r})"
-        )
-
-
-def _mask(url: object) -> object:
-    """The URL with any password replaced by ``***``."""
-    if not isinstance(url, str):
-        return url
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-    except ValueError:
-        return "<unparsable url>"
 
 
 class Health(enum.Enum):

@@ -37,7 +37,7 @@ import anyio.lowlevel
 import httpcore2
 from httpcore2._backends.anyio import AnyIOStream
 
-from ._exceptions import InvalidRequestError
+from .._exceptions import InvalidRequestError
 
 __all__ = ["Network", "Resolver", "system_resolver"]
 
