@@ -10,7 +10,7 @@ waiting for headers and the rest stall waiting for the pool; all of them must en
 For each call it records when it ended past its deadline (its *overshoot*) and reports
 p50/p99/max per backend and pool:
 
-- ``wire``: stallproof's own pool (`stallproof._wire._pool.Wire`), the default;
+- ``wire``: stallproof's own pool (`stallproof._wire._pool.Pool`), the default;
 - ``httpcore2``: httpcore2's ``AsyncConnectionPool`` (pydantic's fork of httpcore) under the
   same engine;
 - ``httpx``: a caller's plain ``httpx.AsyncClient`` (httpcore's pool) under the same engine.
@@ -47,7 +47,7 @@ import httpcore2
 import httpx
 
 import stallproof
-from stallproof._wire._pool import WireStats
+from stallproof._wire._pool import PoolStats
 
 TOTAL = 1.0
 POOLS = ("wire", "httpcore2", "httpx")
@@ -98,10 +98,10 @@ class Httpcore2Pool:
     async def send(self, request: httpcore2.Request) -> httpcore2.Response:
         return await self._pool.handle_async_request(request)
 
-    def stats(self) -> WireStats:
+    def stats(self) -> PoolStats:
         queued = [r.is_queued() for r in self._pool._requests]
         conns = self._pool.connections
-        return WireStats(
+        return PoolStats(
             len(conns), sum(c.is_idle() for c in conns), queued.count(False), queued.count(True)
         )
 
@@ -113,7 +113,7 @@ class Bookkeeping:
     """CPU time (this thread's) spent in the pools' bookkeeping, with ``--bookkeeping``.
 
     httpcore2: ``_assign_requests_to_connections``, run on every arrival, cancellation and
-    release. `Wire`: ``_checkout`` (arrival) and ``_grant`` (departure), its only passes.
+    release. `Pool`: ``_checkout`` (arrival) and ``_grant`` (departure), its only passes.
     """
 
     def __init__(self) -> None:
@@ -136,11 +136,11 @@ class Bookkeeping:
     def install(self) -> None:
         from httpcore2._async.connection_pool import AsyncConnectionPool
 
-        from stallproof._wire._pool import Wire
+        from stallproof._wire._pool import Pool
 
         self.wrap(AsyncConnectionPool, "_assign_requests_to_connections")
-        self.wrap(Wire, "_checkout")
-        self.wrap(Wire, "_grant")
+        self.wrap(Pool, "_checkout")
+        self.wrap(Pool, "_grant")
 
 
 BOOKKEEPING = Bookkeeping()

@@ -43,7 +43,7 @@ from ._decoding import ContentDecoder, typed_errors
 from ._progress import Outcome, classify
 from ._sse import LineTooLong, ServerSentEvent, SSEDecoder
 
-__all__ = ["Event", "ResponseBody", "aclose_iterator", "close_wire"]
+__all__ = ["Event", "ResponseBody", "aclose_iterator", "close_pool_response"]
 
 # Closing is local work (a socket close), but it is bounded too.
 _CLOSE_BOUND = 5.0
@@ -69,7 +69,7 @@ async def aclose_iterator(iterator: AsyncIterator[bytes]) -> None:
         await aclose()
 
 
-async def close_wire(response: httpcore2.Response) -> None:
+async def close_pool_response(response: httpcore2.Response) -> None:
     """Release a pool response's connection, even from a cancelled scope."""
     with anyio.move_on_after(_CLOSE_BOUND, shield=True):
         await response.aclose()
@@ -78,12 +78,14 @@ async def close_wire(response: httpcore2.Response) -> None:
 _closing: set[asyncio.Task[None]] = set()
 
 
-async def _close_quietly(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+async def _close_quietly(
+    raw: AsyncIterator[bytes] | None, pool_response: httpcore2.Response
+) -> None:
     # Only the response: its body iterator (``raw``) may be in the same garbage cycle as
     # the body, and then the loop's async-generator hook finalises it already.
     del raw
     with anyio.move_on_after(_CLOSE_BOUND, shield=True), contextlib.suppress(Exception):
-        await wire.aclose()
+        await pool_response.aclose()
 
 
 _Closer = Callable[[AsyncIterator[bytes] | None, httpcore2.Response], None]
@@ -96,14 +98,16 @@ def _closer() -> _Closer | None:
     if library == "asyncio":
         loop = asyncio.get_running_loop()
 
-        def start(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
-            task = loop.create_task(_close_quietly(raw, wire))
+        def start(raw: AsyncIterator[bytes] | None, pool_response: httpcore2.Response) -> None:
+            task = loop.create_task(_close_quietly(raw, pool_response))
             _closing.add(task)  # a strong reference until it is done
             task.add_done_callback(_closing.discard)
 
-        def schedule_asyncio(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+        def schedule_asyncio(
+            raw: AsyncIterator[bytes] | None, pool_response: httpcore2.Response
+        ) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to do
-                loop.call_soon_threadsafe(start, raw, wire)
+                loop.call_soon_threadsafe(start, raw, pool_response)
 
         return schedule_asyncio
     if library == "trio":
@@ -111,9 +115,13 @@ def _closer() -> _Closer | None:
 
         token = trio.lowlevel.current_trio_token()
 
-        def schedule_trio(raw: AsyncIterator[bytes] | None, wire: httpcore2.Response) -> None:
+        def schedule_trio(
+            raw: AsyncIterator[bytes] | None, pool_response: httpcore2.Response
+        ) -> None:
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(trio.lowlevel.spawn_system_task, _close_quietly, raw, wire)
+                token.run_sync_soon(
+                    trio.lowlevel.spawn_system_task, _close_quietly, raw, pool_response
+                )
 
         return schedule_trio
     return None  # pragma: no cover
@@ -128,7 +136,7 @@ class ResponseBody:
         limits: Limits,
         *,
         content: bytes | None = None,
-        wire: httpcore2.Response | None = None,
+        pool_response: httpcore2.Response | None = None,
         outcome: Outcome | None = None,
         parse_outcome: Callable[[bytes], Outcome | None] | None = None,
         decoder: ContentDecoder | None = None,
@@ -137,19 +145,19 @@ class ResponseBody:
         self._call: Call = scope.call
         self._limits = limits
         self.content = content
-        self._wire = wire
+        self._pool_response = pool_response
         telemetry = scope.telemetry
         keep_text = telemetry.recording and telemetry.instruments.record_content
         self.outcome = outcome if outcome is not None else Outcome(keep_text=keep_text)
         self._parse_outcome = parse_outcome
-        self._state = _State.DRAINED if wire is None else _State.LIVE
+        self._state = _State.DRAINED if pool_response is None else _State.LIVE
         self._raw: AsyncIterator[bytes] | None = None
         self._close_later: _Closer | None = None
-        if wire is not None:
-            self._raw = wire.stream.__aiter__()  # type: ignore[union-attr]
+        if pool_response is not None:
+            self._raw = pool_response.stream.__aiter__()  # type: ignore[union-attr]
             self._close_later = _closer()
         self._decoder = SSEDecoder(limits.max_line_bytes)
-        # Decodes the wire's Content-Encoding and counts the decoded bytes of the whole
+        # Decodes the pool_response's Content-Encoding and counts the decoded bytes of the whole
         # stream against max_response_bytes.
         self._content = decoder or ContentDecoder((), limits.max_response_bytes)
         # Buffered before the caller chose how to read: bytes and their events.
@@ -164,7 +172,7 @@ class ResponseBody:
 
     @property
     def is_stream(self) -> bool:
-        return self._wire is not None
+        return self._pool_response is not None
 
     @property
     def closed(self) -> bool:
@@ -358,23 +366,27 @@ class ResponseBody:
         self._state = _State.CLOSED
         self._chunks.clear()
         self._events.clear()
-        raw, wire = self._raw, self._wire
+        raw, pool_response = self._raw, self._pool_response
         self._raw = None
-        if raw is not None or wire is not None:
+        if raw is not None or pool_response is not None:
             with anyio.move_on_after(_CLOSE_BOUND, shield=True):
                 if raw is not None:
                     # Finalise the body iterator now rather than at garbage collection.
                     with contextlib.suppress(Exception):
                         await aclose_iterator(raw)
-                if wire is not None:
+                if pool_response is not None:
                     with contextlib.suppress(Exception):
-                        await wire.aclose()
+                        await pool_response.aclose()
 
     def __del__(self) -> None:
         # Dropped without being read to the end or closed: the call's permit and its
         # in-flight entry are given back here, so a forgotten stream does not starve the
         # pacer; the connection is closed by a task scheduled on the body's event loop.
-        if self._wire is not None and self._state is not _State.CLOSED and not self._scope.ended:
+        if (
+            self._pool_response is not None
+            and self._state is not _State.CLOSED
+            and not self._scope.ended
+        ):
             self._state = _State.CLOSED
             self._scope.end(
                 self._call.error(
@@ -383,7 +395,7 @@ class ResponseBody:
                 )
             )
             if self._close_later is not None:
-                self._close_later(self._raw, self._wire)
+                self._close_later(self._raw, self._pool_response)
             warnings.warn(
                 f"stallproof: a response body (request_id={self._call.request_id}) was "
                 "never closed; use `async with` or `await stream.aclose()`",

@@ -28,13 +28,13 @@ import dataclasses
 import random
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import httpcore2
 
 from . import _exceptions as exc
-from ._body import ResponseBody, aclose_iterator, close_wire
+from ._body import ResponseBody, aclose_iterator, close_pool_response
 from ._breaker import BreakerRegistry, Circuit, CircuitState
 from ._call import Call
 from ._callscope import CallScope
@@ -60,10 +60,10 @@ from ._redact import check_headers
 from ._retry import RetryTokens, make_retrying
 from ._status import status_error_from_body
 from ._telemetry import Instruments
-from ._wire._pool import Wire, WireStats
+from ._wire import Pool, Wire
 from ._wire._proxy import ProxyTypes
 
-__all__ = ["CallOptions", "Engine", "Incoming", "Outgoing", "Pool", "new_request_id"]
+__all__ = ["CallOptions", "Engine", "Incoming", "Outgoing", "new_request_id"]
 
 _NO_RETRY = Retry(attempts=1)
 # A request body larger than this is not parsed for its model and message sizes.
@@ -135,16 +135,6 @@ class Incoming:
         return None
 
 
-class Pool(Protocol):
-    """What the engine sends through: stallproof's `Wire`, or an adapter with its interface."""
-
-    async def send(self, request: httpcore2.Request) -> httpcore2.Response: ...
-
-    def stats(self) -> WireStats: ...
-
-    async def aclose(self) -> None: ...
-
-
 class _StatusFailure(Exception):
     """Internal: a non-2xx answer, carried through the retry loop with its response."""
 
@@ -186,7 +176,7 @@ class Engine:
         retry_budget: RetryBudget | None = RetryBudget(),  # noqa: B008 - frozen and immutable
         breaker: Breaker | None = None,
         pacer: Pacer | None = None,
-        pool: Pool | None = None,
+        pool: Wire | None = None,
         trust_env: bool = True,
         proxy: ProxyTypes | None = None,
         provider_name: str | None = None,
@@ -217,7 +207,7 @@ class Engine:
             from ._wire._pool import open_pool
 
             pool = open_pool(limits, trust_env=trust_env, proxy=proxy)
-        self.pool: Pool = pool
+        self.pool: Wire = pool
         self._rng = random.Random()
         self._calls: dict[int, Call] = {}
         self._instruments = Instruments(
@@ -457,15 +447,15 @@ class Engine:
                 "trace": call.trace,
             },
         )
-        wire: httpcore2.Response | None = None
+        pool_response: httpcore2.Response | None = None
         stream: ResponseBody | None = None
         try:
             with call.bounded():
-                wire = await self.pool.send(request)
+                pool_response = await self.pool.send(request)
                 call.headers_received = True
-                call.status_code = status = wire.status
-                call.server_request_id = _header(wire.headers, b"x-request-id") or _header(
-                    wire.headers, b"request-id"
+                call.status_code = status = pool_response.status
+                call.server_request_id = _header(pool_response.headers, b"x-request-id") or _header(
+                    pool_response.headers, b"request-id"
                 )
                 # The body is decoded here, counted as it is decoded; what we hand back says
                 # nothing of its Content-Encoding, so no face decodes it a second time.
@@ -477,28 +467,34 @@ class Engine:
                 )
                 with typed_errors(call, cap):
                     try:
-                        decoder = ContentDecoder(content_encodings(wire.headers), cap)
+                        decoder = ContentDecoder(content_encodings(pool_response.headers), cap)
                     except BadEncoding:
                         if not error_body:
                             raise
                         # The status is the answer: its body is kept as it came.
                         decoder = ContentDecoder((), cap)
-                headers = wire.headers if decoder.identity else decoded_headers(wire.headers)
+                headers = (
+                    pool_response.headers
+                    if decoder.identity
+                    else decoded_headers(pool_response.headers)
+                )
                 if error_body:
-                    content = await self._read_whole(wire, call, decoder, error=True)
+                    content = await self._read_whole(pool_response, call, decoder, error=True)
                     error = status_error_from_body(call, status, headers, content)
                     body = ResponseBody(scope, self.limits, content=content)
                     raise _StatusFailure(
-                        error, Incoming(status, headers, _extensions(wire), body, call)
+                        error, Incoming(status, headers, _extensions(pool_response), body, call)
                     )
                 # An event stream is read as one only when one was asked for: an answer
                 # that streams to a plain request is a whole body, bounded by total.
-                if call.stream and _is_event_stream(wire.headers):
-                    stream = ResponseBody(scope, self.limits, wire=wire, decoder=decoder)
+                if call.stream and _is_event_stream(pool_response.headers):
+                    stream = ResponseBody(
+                        scope, self.limits, pool_response=pool_response, decoder=decoder
+                    )
                     await stream.prefetch()
                     body = stream
                 else:
-                    content = await self._read_whole(wire, call, decoder, error=False)
+                    content = await self._read_whole(pool_response, call, decoder, error=False)
                     body = ResponseBody(
                         scope,
                         self.limits,
@@ -507,19 +503,19 @@ class Engine:
                     )
         except _StatusFailure as failure:
             scope.attempt_ended(failure.error, failure.error.status_code)
-            await _release(wire, stream)
+            await _release(pool_response, stream)
             raise
         except BaseException as e:
             scope.attempt_ended(e)
-            await _release(wire, stream)
+            await _release(pool_response, stream)
             raise
         if stream is None:
-            await self._close_read(wire)
+            await self._close_read(pool_response)
         scope.attempt_ended(None, status)
-        return Incoming(status, headers, _extensions(wire), body, call)
+        return Incoming(status, headers, _extensions(pool_response), body, call)
 
     async def _read_whole(
-        self, wire: httpcore2.Response, call: Call, decoder: ContentDecoder, *, error: bool
+        self, pool_response: httpcore2.Response, call: Call, decoder: ContentDecoder, *, error: bool
     ) -> bytes:
         """Read and decode a whole body under the attempt's bounds, capped once decoded.
 
@@ -530,7 +526,7 @@ class Engine:
         """
         limits = self.limits
         cap = limits.max_error_body_bytes if error else limits.max_response_bytes
-        declared = _header(wire.headers, b"content-length")
+        declared = _header(pool_response.headers, b"content-length")
         if not error and declared is not None and declared.isdigit() and int(declared) > cap:
             raise call.error(
                 exc.ResponseTooLarge,
@@ -539,7 +535,7 @@ class Engine:
             )
         buf = bytearray()
         first = True
-        raw = wire.stream.__aiter__()  # type: ignore[union-attr]
+        raw = pool_response.stream.__aiter__()  # type: ignore[union-attr]
         exhausted = False
         try:
             with typed_errors(call, cap):
@@ -576,18 +572,18 @@ class Engine:
         return bytes(buf)
 
     def _closes_bounded(self) -> bool:
-        # stallproof's own pool bounds every close itself, shielded (see `_pool.Wire`).
-        return isinstance(self.pool, Wire)
+        # stallproof's own pool bounds every close itself, shielded (see `_pool.Pool`).
+        return isinstance(self.pool, Pool)
 
-    async def _close_read(self, wire: httpcore2.Response) -> None:
+    async def _close_read(self, pool_response: httpcore2.Response) -> None:
         """Give back the connection of a body read to its end."""
         if self._closes_bounded():
             # Our pool bounds its own closing (shielded, with a timeout where there is
             # I/O): no second timer per call for a body that is already read.
             with anyio.CancelScope(shield=True):
-                await wire.aclose()
+                await pool_response.aclose()
         else:
-            await close_wire(wire)
+            await close_pool_response(pool_response)
 
     # -- resolving per-call settings ---------------------------------------------------------
 
@@ -616,12 +612,12 @@ class Engine:
         return retry
 
 
-async def _release(wire: httpcore2.Response | None, stream: ResponseBody | None) -> None:
+async def _release(pool_response: httpcore2.Response | None, stream: ResponseBody | None) -> None:
     """Give an attempt's connection back (its body was read whole, or the attempt failed)."""
     if stream is not None:
         await stream.discard()
-    elif wire is not None:
-        await close_wire(wire)
+    elif pool_response is not None:
+        await close_pool_response(pool_response)
 
 
 def _peek_json(out: Outgoing) -> Mapping[str, Any]:
@@ -661,8 +657,8 @@ def _is_event_stream(headers: Sequence[tuple[bytes, bytes]]) -> bool:
     return ctype is not None and ctype.lower().startswith("text/event-stream")
 
 
-def _extensions(wire: httpcore2.Response) -> dict[str, Any]:
-    ext = wire.extensions
+def _extensions(pool_response: httpcore2.Response) -> dict[str, Any]:
+    ext = pool_response.extensions
     return {k: ext[k] for k in ("http_version", "reason_phrase") if k in ext}
 
 

@@ -1,4 +1,4 @@
-"""The connection layer under attack (issue 15, items 1, 2, 7, 9): `Wire` and `Network`.
+"""The connection layer under attack (issue 15, items 1, 2, 7, 9): `Pool` and `Network`.
 
 Every test runs over real loopback sockets, on asyncio and trio:
 
@@ -33,7 +33,7 @@ import pytest
 
 import stallproof
 from stallproof._wire._network import Network, system_resolver
-from stallproof._wire._pool import Wire
+from stallproof._wire._pool import Pool
 
 from ..support.timing import MARGIN, stopwatch
 
@@ -158,7 +158,7 @@ async def test_a_wave_of_deadlines_through_the_queue_leaves_the_pool_whole(
     60 calls waiting for it, all cancelled by one scope. Each freed slot goes to a waiter
     that is leaving too, which hands the new, never connected connection on (no socket, no
     new connection per waiter); afterwards nothing is held and nothing is open."""
-    pool = Wire(stallproof.Limits(max_connections=1, max_keepalive_connections=1))
+    pool = Pool(stallproof.Limits(max_connections=1, max_keepalive_connections=1))
     url = httpx.URL(black_hole + "/chat/completions")
 
     async def one() -> None:
@@ -421,7 +421,7 @@ async def test_hung_lookups_do_not_starve_a_later_call(fault_server: Any) -> Non
     """
     dns = BlackHoleDNS()
     network = Network(resolver=dns.resolver(hang_for=20))
-    wire = Wire(stallproof.Limits(), network=network)
+    wire = Pool(stallproof.Limits(), network=network)
     engine = stallproof.Engine(
         timeout=stallproof.Timeouts(connect=0.5, total=5), retry=None, pool=wire
     )
@@ -471,7 +471,7 @@ async def test_a_name_whose_first_address_black_holes_connects_to_the_next(
     def resolve(host: str, port: int) -> list[tuple[int, str]]:
         return [(socket.AF_INET, "127.0.0.2"), (socket.AF_INET, "127.0.0.1")]
 
-    wire = Wire(stallproof.Limits(), network=Network(resolver=resolve))
+    wire = Pool(stallproof.Limits(), network=Network(resolver=resolve))
     engine = stallproof.Engine(
         timeout=stallproof.Timeouts(connect=5, total=10), retry=None, pool=wire
     )

@@ -1,4 +1,4 @@
-"""Proxies on stallproof's own pool (`Wire`): from the environment as httpx reads it, or
+"""Proxies on stallproof's own pool (`Pool`): from the environment as httpx reads it, or
 an explicit ``proxy=``; forward (http://), CONNECT (https://) and SOCKS5, with credentials
 that show nowhere; and every bound holding through a proxy that stalls, stays silent or
 refuses, with nothing held afterwards. Over a real proxy on loopback
@@ -24,7 +24,7 @@ import fault_server
 import stallproof
 import stallproof.openai
 from fault_server._wire_tls import TLS_SUPPORTED, self_signed
-from stallproof._wire._pool import Wire
+from stallproof._wire._pool import Pool
 from stallproof._wire._proxy import proxy_routes
 
 from ..support.clients import KEY, assert_pool_clean, pool_state
@@ -271,7 +271,7 @@ async def test_connect_tunnels_tls_through_the_transport(
     tls_server: Any, proxy_server: Any
 ) -> None:
     proxy = proxy_server(auth=("agent", SECRET))
-    wire = Wire(
+    wire = Pool(
         stallproof.Limits(),
         ssl_context=ssl.create_default_context(cafile=tls_server.tls_cert),
         proxies=proxy_routes(proxy.url_with("agent", SECRET), trust_env=False),
@@ -308,7 +308,7 @@ async def test_an_https_proxy_carries_tls_inside_tls(
     trusted = httpx.Proxy(
         proxy.url_with("agent", SECRET), ssl_context=ssl.create_default_context(cafile=proxy_cert)
     )
-    wire = Wire(
+    wire = Pool(
         stallproof.Limits(),
         ssl_context=ssl.create_default_context(cafile=tls_server.tls_cert),
         proxies=proxy_routes(trusted, trust_env=False),

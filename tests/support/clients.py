@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 import stallproof
-from stallproof._wire._pool import WireStats
+from stallproof._wire._pool import PoolStats
 
 # A fake API key; tests assert it never shows up in reprs, errors, logs or spans.
 KEY = "sk-test-SECRET-0123456789"
@@ -25,8 +25,8 @@ async def warm(client: stallproof.Client) -> None:
     assert pool_state(client).connections >= 1
 
 
-def pool_state(client: stallproof.Client) -> WireStats:
-    """The client's connection pool: connections, idle, in use, waiting (`WireStats`)."""
+def pool_state(client: stallproof.Client) -> PoolStats:
+    """The client's connection pool: connections, idle, in use, waiting (`PoolStats`)."""
     return client._engine.pool.stats()
 
 

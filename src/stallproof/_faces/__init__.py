@@ -1,1 +1,19 @@
-"""(package docstring to be written)"""
+"""Faces: other libraries' APIs with stallproof's engine under them.
+
+The rule of this package: a face adapts, it never bounds. Every bound, retry, breaker,
+pacer, registry entry and span comes from the `Engine` it sends through; a face only
+translates requests in and responses, errors and settings out, in the shape the caller's
+library expects. The public faces are `stallproof.openai` and `stallproof.anthropic`
+(SDK subclasses) and the transports re-exported by `stallproof`.
+
+================ ================================================================
+module           what is in it
+================ ================================================================
+`_transport`     `AsyncTransport` (httpx) and `AsyncTransport2` (httpx2): the engine
+                 as an httpx transport; `http_client()`, `http_client2()`
+`_sdk`           what the SDK faces share: `harden` (the engine under an SDK
+                 client), `FaceMixin`, `TranslatingDecoder` (mid-stream errors as
+                 the SDK's own classes)
+`_own_client`    a caller's own httpx/httpx2 client kept under a face
+================ ================================================================
+"""

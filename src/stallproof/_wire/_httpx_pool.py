@@ -20,7 +20,7 @@ from typing import Any
 import httpcore2
 import httpx
 
-from ._pool import WireStats
+from ._pool import PoolStats
 
 __all__ = ["HttpxClientPool", "TransportPool", "warn_once"]
 
@@ -95,7 +95,7 @@ def _pool_response(response: Any, lib: ModuleType) -> httpcore2.Response:
     )
 
 
-def _pool_stats(transports: Sequence[object]) -> WireStats:
+def _pool_stats(transports: Sequence[object]) -> PoolStats:
     """What the httpcore pools under ``transports`` hold, as far as they can be seen (the
     library's default transport). A custom transport without an httpcore pool shows as
     empty."""
@@ -105,7 +105,7 @@ def _pool_stats(transports: Sequence[object]) -> WireStats:
         pool = getattr(transport, "_pool", None)
         requests += getattr(pool, "_requests", ())
         conns += getattr(pool, "connections", ())
-    return WireStats(
+    return PoolStats(
         connections=sum(1 for c in conns if not c.is_closed()),
         idle=sum(1 for c in conns if c.is_idle()),
         in_use=sum(1 for r in requests if not r.is_queued()),
@@ -155,7 +155,7 @@ class HttpxClientPool:
             raise error
         return _pool_response(response, httpx)
 
-    def stats(self) -> WireStats:
+    def stats(self) -> PoolStats:
         """The caller's client's pool, as far as it can be seen (httpx's default transport)."""
         return _pool_stats([getattr(self._client, "_transport", None)])
 
@@ -193,7 +193,7 @@ class TransportPool:
             raise error
         return _pool_response(response, self._lib)
 
-    def stats(self) -> WireStats:
+    def stats(self) -> PoolStats:
         return _pool_stats(self._transports)
 
     async def aclose(self) -> None:

@@ -1,4 +1,4 @@
-"""`Wire`: the engine's connection pool — cannot be bricked, O(1) per arrival and departure.
+"""`Pool`: the engine's connection pool — cannot be bricked, O(1) per arrival and departure.
 
 A small HTTP/1.1 pool over httpcore2's connections (`httpcore2.AsyncHTTPConnection`, which
 connects, does TLS and speaks h11 through our `Network` backend). Why not httpcore2's own
@@ -44,14 +44,14 @@ from .._config import Limits
 from ._network import Network
 from ._proxy import ProxyRoute, ProxyRoutes, ProxyTypes, proxy_routes
 
-__all__ = ["Wire", "WireStats", "open_pool"]
+__all__ = ["Pool", "PoolStats", "open_pool"]
 
 # Closing a connection is local (a FIN, a TLS close_notify at most): bounded all the same.
 _CLOSE_BOUND = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class WireStats:
+class PoolStats:
     """A snapshot of the pool.
 
     Attributes:
@@ -95,7 +95,7 @@ class _Waiter:
         self.fresh = False
 
 
-class Wire:
+class Pool:
     """The connection pool the engine sends through (HTTP/1.1, one request per connection).
 
     Args:
@@ -126,8 +126,8 @@ class Wire:
         self._waiting: dict[_Waiter, None] = {}
         self._open = 0
 
-    def stats(self) -> WireStats:
-        return WireStats(
+    def stats(self) -> PoolStats:
+        return PoolStats(
             connections=self._open,
             idle=len(self._idle_order),
             in_use=len(self._busy),
@@ -137,7 +137,7 @@ class Wire:
     def __repr__(self) -> str:
         s = self.stats()
         return (
-            f"<Wire connections={s.connections} idle={s.idle} in_use={s.in_use} "
+            f"<Pool connections={s.connections} idle={s.idle} in_use={s.in_use} "
             f"waiting={s.waiting}>"
         )
 
@@ -343,7 +343,7 @@ class _Body:
     def __init__(
         self,
         stream: AsyncIterable[bytes],
-        wire: Wire,
+        wire: Pool,
         conn: _Conn,
         key: _Key,
     ) -> None:
@@ -403,7 +403,7 @@ async def _close(conns: list[_Conn]) -> None:
                 await conn.aclose()
 
 
-def open_pool(limits: Limits, *, trust_env: bool = True, proxy: ProxyTypes | None = None) -> Wire:
+def open_pool(limits: Limits, *, trust_env: bool = True, proxy: ProxyTypes | None = None) -> Pool:
     """The engine's default pool: through ``proxy`` if given, else (with ``trust_env``)
     through the proxies the environment names, as httpx would (see `stallproof._wire._proxy`)."""
-    return Wire(limits, proxies=proxy_routes(proxy, trust_env=trust_env))
+    return Pool(limits, proxies=proxy_routes(proxy, trust_env=trust_env))

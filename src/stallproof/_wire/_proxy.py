@@ -1,4 +1,4 @@
-"""Proxies for the `Wire`: which proxy an origin goes through, and the connection to it.
+"""Proxies for the `Pool`: which proxy an origin goes through, and the connection to it.
 
 The routing is httpx's, read with httpx's own helpers so the two never disagree:
 
