@@ -5,6 +5,54 @@ stream idle) and by one total deadline that covers them all.
 
 The SDK faces, `stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAnthropic`,
 live in submodules that are imported on first use: ``import stallproof`` imports neither SDK.
+
+Where things are. Five layers, each importing only from the layers below it; the life of
+one call through them is told in docs/architecture.md. A sub-package's own docstring maps
+its modules and states its rule.
+
+=================== =====================================================================
+module              what is in it
+=================== =====================================================================
+**faces**           what callers hold; they adapt, they never bound
+`_client`           `Client`: the native async OpenAI-compatible client
+`_completions`      ``client.chat.completions`` (and ``client.beta``)
+`_resources`        ``client.models``, ``client.embeddings``
+`_raw`              a prepared call, and ``with_raw_response`` / ``with_streaming_response``
+`_stream`           `AsyncStream`: a streamed chat completion, typed chunk by chunk
+`_request`          openai-style arguments -> the request body, with clear errors
+`_results`          parsed JSON -> openai's own result types, validated
+`_settings`         a `Client`'s settings as openai names them
+`_faces/`           the engine as an httpx/httpx2 transport, and the SDK faces' plumbing
+`openai`            `stallproof.openai.AsyncOpenAI` (public submodule)
+`anthropic`         `stallproof.anthropic.AsyncAnthropic` (public submodule)
+**the engine**      the one implementation of every bound
+`_engine`           `Engine`: pace, attempt, retry, hand back a bounded response
+`_callscope`        `CallScope`: the one owner of what a call holds until it ends
+`_call`             `Call`: a call's clock, phase, and which bound is armed
+`_deadline`         `deadline()`: one budget over a whole agent step
+`_body`             `ResponseBody`: a body or event stream, bounded while it is read
+`_progress`         what counts as progress (content) in an event stream
+`_sse`              the incremental Server-Sent Events decoder, line length capped
+`_decoding`         Content-Encoding decoding that counts what it decodes
+`_json`             JSON from a server: off the loop when large, depth-checked
+`_inflight`         `InflightCall`, `tag()`, `format_inflight`: where is each call?
+`_telemetry`        OpenTelemetry spans and metrics, stdlib logging
+`_retry`            the retry loop (tenacity) and the budget's tokens
+`_status`           a non-2xx answer -> a typed `APIStatusError`
+**policies**        what the engine consults before and after each attempt
+`_policies`         `Retry`, `RetryBudget`, `Pacer`, `Breaker`, `RedisState` (config)
+`_pacer`            `PacerRuntime`: concurrency, per-minute limits, fair turns, AIMD
+`_breaker`          `Circuit`: pybreaker made right for asyncio and trio
+`_fleet/`           the pacer and breaker shared across processes through Redis
+**the wire**        bytes and connections
+`_wire/`            `Wire` (the interface), `Pool`, `Network`, proxies, httpx adapters
+**foundations**     imported by every layer, importing none
+`_config`           `Timeouts`, `Limits`: frozen, validated bounds and caps
+`_exceptions`       the one exception tree
+`_validate`         the validation rules and message shape every config shares
+`_redact`           keeping secrets out of messages, reprs, logs, spans and chains
+`_version`          the version, written once
+=================== =====================================================================
 """
 
 import importlib
