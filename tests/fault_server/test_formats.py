@@ -17,6 +17,9 @@ import anthropic
 import httpx2
 import openai
 import pytest
+from anthropic.types import MessageParam
+from openai.types.responses import FunctionToolParam
+from typing_extensions import TypedDict
 
 from fault_server import FAULTS, ServerThread
 
@@ -26,13 +29,34 @@ pytestmark = pytest.mark.usefixtures("no_server_errors")
 
 SAID = "hello brave new world"
 ANSWER = "echo: hello brave new world lorem ipsum dolor"  # 8 tokens, the default.
-MESSAGES = {
+
+
+class MessagesArgs(TypedDict):
+    """What every Messages call here sends; typed so the SDK's overloads take ``**MESSAGES``."""
+
+    model: str
+    max_tokens: int
+    messages: list[MessageParam]
+
+
+class ResponsesArgs(TypedDict):
+    """What every Responses call here sends."""
+
+    model: str
+    input: str
+
+
+MESSAGES: MessagesArgs = {
     "model": "claude-test",
     "max_tokens": 64,
     "messages": [{"role": "user", "content": SAID}],
 }
-RESPONSES = {"model": "gpt-test", "input": SAID}
-TOOL = {"name": "lookup", "description": "Look up", "input_schema": {"type": "object"}}
+RESPONSES: ResponsesArgs = {"model": "gpt-test", "input": SAID}
+TOOL: anthropic.types.ToolParam = {
+    "name": "lookup",
+    "description": "Look up",
+    "input_schema": {"type": "object"},
+}
 
 
 def anthropic_url(srv: ServerThread, fault: str | None = None, **params: Any) -> str:
@@ -189,9 +213,14 @@ async def test_openai_sdk_responses(srv: ServerThread) -> None:
 
 @pytest.mark.anyio
 async def test_openai_sdk_responses_function_call_and_length(srv: ServerThread) -> None:
-    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    tool: FunctionToolParam = {
+        "type": "function",
+        "name": "lookup",
+        "parameters": {"type": "object"},
+        "strict": None,
+    }
     async with openai.AsyncOpenAI(base_url=srv.url(), api_key="x", max_retries=0) as client:
-        called = await client.responses.create(**RESPONSES, tools=[tool])  # type: ignore[arg-type]
+        called = await client.responses.create(**RESPONSES, tools=[tool])
         short = await client.responses.create(**RESPONSES, max_output_tokens=3)
     item = called.output[0]
     assert item.type == "function_call"
