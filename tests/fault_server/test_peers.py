@@ -204,7 +204,8 @@ def test_tls_listener_serves_every_fault(tls_server: ServerThread) -> None:
 
 def test_openai_sdk_streams_over_tls(tls_server: ServerThread) -> None:
     http = httpx.Client(verify=trusting(tls_server))
-    with openai.OpenAI(base_url=tls_server.tls_url(), api_key="x", http_client=http) as client:
+    # openai types http_client as httpx2's; it takes an httpx one too (its legacy path).
+    with openai.OpenAI(base_url=tls_server.tls_url(), api_key="x", http_client=http) as client:  # type: ignore[arg-type]
         chunks = list(
             client.chat.completions.create(model="m", messages=CHAT["messages"], stream=True)
         )
@@ -336,8 +337,9 @@ def test_cli_tls_and_replay(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
     proc = cli("--replay", str(bad))

@@ -12,6 +12,7 @@ import httpx2
 import openai
 import pydantic
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from fault_server import ServerThread
 from fault_server._structured import MAX_NODES, MAX_TEXT, json_answer
@@ -24,7 +25,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Async generator 'httpx2\\.:ResourceWarning"),
 ]
 
-SAID = [{"role": "user", "content": "hello there"}]
+SAID: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
 class Inner(pydantic.BaseModel):

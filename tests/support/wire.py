@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from openai.types.chat import ChatCompletionMessageParam
+from typing_extensions import TypedDict
+
 from fault_server import FaultServer, ServerThread
 
 __all__ = [
@@ -162,7 +165,14 @@ def cli_server(*args: str, **popen: Any) -> Iterator[tuple[str, subprocess.Popen
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 
 
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello brave new world"}]}
+class ChatArgs(TypedDict):
+    """A chat request's body, typed as the SDKs' ``create`` takes it (``**CHAT``)."""
+
+    model: str
+    messages: list[ChatCompletionMessageParam]
+
+
+CHAT: ChatArgs = {"model": "m", "messages": [{"role": "user", "content": "hello brave new world"}]}
 
 
 STREAM = {**CHAT, "stream": True}
