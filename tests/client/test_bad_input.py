@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
@@ -17,7 +18,7 @@ from ..support.rawserver import RawRequest, always, response
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def _gzip(parts: Callable[[], Any], wbits: int = 31) -> bytes:
 
 def _brotli(parts: Callable[[], Any]) -> bytes:
     c = brotli.Compressor(quality=5)
-    return b"".join(c.process(p) for p in parts()) + c.finish()
+    return b"".join(c.process(p) for p in parts()) + bytes(c.finish())
 
 
 def _zstd(parts: Callable[[], Any]) -> bytes:

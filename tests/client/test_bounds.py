@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 from stallproof import Timeouts
@@ -21,7 +22,7 @@ from ..support.timing import MARGIN, stopwatch
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 # Loose bounds that should not fire; each case tightens the one it wants to see.
 LOOSE = Timeouts(connect=5, read=5, write=5, pool=5, first_token=5, idle=5, total=5)
 HOLD = 20  # the fault server keeps a stalled socket this long: far past every budget
@@ -107,6 +108,7 @@ async def test_fault_ends_with_the_bound_that_fired(
 ) -> None:
     # On a warm connection the request goes out as the stopwatch starts, so the stopwatch
     # measures first_token and read from the moment they start, as it does total.
+    assert issubclass(case.expect, stallproof.TimeoutException)  # CASES are all bounds
     client = make_client(fault_server.url())
     await warm(client)
     fault = fault_scope.headers(case.fault, hold=HOLD, **case.params)

@@ -6,12 +6,13 @@ from typing import Any
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 def fault(spec: str, key: str) -> dict[str, str]:

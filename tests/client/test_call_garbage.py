@@ -52,7 +52,9 @@ def _engine_garbage() -> list[str]:
             if isinstance(obj, _OURS):
                 found.append(type(obj).__name__)
             elif isinstance(obj, types.FrameType) and obj.f_code.co_filename.endswith(_OUR_MODULES):
-                found.append(f"frame {obj.f_code.co_qualname}")
+                # co_qualname is 3.11+; 3.10 (which we support) has only co_name.
+                code = obj.f_code
+                found.append(f"frame {getattr(code, 'co_qualname', code.co_name)}")
         return found
     finally:
         gc.set_debug(0)

@@ -8,7 +8,7 @@ from typing import Any
 
 import openai
 import pytest
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
 import stallproof
 
@@ -16,7 +16,7 @@ from ..support.clients import spying_client
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 KEY = "sk-test-SECRET-0123456789"
 TOOLS = [
     {
@@ -39,6 +39,7 @@ async def test_non_stream_round_trip(fault_server: Any, make_client: Any) -> Non
     assert choice.message.role == "assistant"
     assert isinstance(choice.message.content, str) and choice.message.content
     assert choice.finish_reason == "stop"
+    assert resp.usage is not None
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
     assert resp.model_dump(exclude_none=True)["id"] == resp.id
 
@@ -185,7 +186,6 @@ async def test_api_key_never_appears_in_repr_errors_or_logs(
 
 
 async def test_openai_not_given_sentinels_are_dropped(fault_server: Any, make_client: Any) -> None:
-    openai = pytest.importorskip("openai")
     client = make_client(fault_server.url())
     resp = await client.chat.completions.create(
         model="m", messages=MSGS, temperature=openai.NOT_GIVEN
@@ -195,13 +195,12 @@ async def test_openai_not_given_sentinels_are_dropped(fault_server: Any, make_cl
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the SDK is not ours to test on trio
 async def test_openai_sdk_and_stallproof_read_the_same_answer(fault_server: Any) -> None:
-    openai = pytest.importorskip("openai")
     async with openai.AsyncOpenAI(base_url=fault_server.url(), api_key="x", max_retries=0) as oa:
-        theirs = await oa.chat.completions.create(model="m", messages=MSGS)  # type: ignore[arg-type]
+        theirs = await oa.chat.completions.create(model="m", messages=MSGS)
         their_stream = await oa.chat.completions.create(
             model="m",
             messages=MSGS,
-            stream=True,  # type: ignore[arg-type]
+            stream=True,
         )
         their_text = "".join(
             [c.choices[0].delta.content or "" async for c in their_stream if c.choices]
@@ -213,5 +212,6 @@ async def test_openai_sdk_and_stallproof_read_the_same_answer(fault_server: Any)
             [c.choices[0].delta.content or "" async for c in our_stream if c.choices]
         )
     assert ours.choices[0].message.content == theirs.choices[0].message.content
+    assert ours.usage is not None and theirs.usage is not None
     assert ours.usage.total_tokens == theirs.usage.total_tokens
     assert our_text == their_text and our_text

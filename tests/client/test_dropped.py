@@ -62,6 +62,8 @@ async def test_a_dropped_transport_stream_returns_its_entry(fault_server: Any) -
 
         with pytest.warns(ResourceWarning, match="never closed"):
             await _drop(make)
-        assert client._transport.inflight() == ()
+        transport = client._transport
+        assert isinstance(transport, stallproof.AsyncTransport)
+        assert transport.inflight() == ()
         await anyio.sleep(0.2)  # the connection is closed on the loop, after the finaliser
-        assert client._transport.engine.pool.stats().nothing_held
+        assert transport.engine.pool.stats().nothing_held

@@ -17,11 +17,12 @@ from typing import Any, NamedTuple
 import anyio
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
 import stallproof
 
 from ..support.fleet import FleetWorkers, RedisServer, healthy_state, settled, silent_listener
+from ..support.otel import points
 from ..support.timing import MARGIN, stopwatch
 
 # Worker processes and a real redis-server: seconds each, so out of `make test-quick`.
@@ -87,8 +88,8 @@ def _metric(reader: InMemoryMetricReader, name: str) -> dict[str, int]:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 if m.name == name:
-                    for p in m.data.data_points:
-                        label = str(next(iter(p.attributes.values()), ""))
+                    for p in points(m, NumberDataPoint):
+                        label = str(next(iter((p.attributes or {}).values()), ""))
                         out[label] = out.get(label, 0) + int(p.value)
     return out
 
@@ -604,7 +605,7 @@ async def test_a_killed_workers_probe_frees_the_fleets_probe_slot_at_its_deadlin
     fleet: Fleet, make_client: Any, anyio_backend: str
 ) -> None:
     fault_server, fault_key, redis_server, redis_prefix, fleet_workers = fleet
-    breaker = {"fail_max": 1, "reset_timeout": 0.5}
+    breaker: dict[str, Any] = {"fail_max": 1, "reset_timeout": 0.5}
     shared = healthy_state(redis_server.url, redis_prefix)
     client = make_client(fault_server.url(), breaker=stallproof.Breaker(**breaker, shared=shared))
     with pytest.raises(stallproof.InternalServerError):

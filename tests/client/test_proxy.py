@@ -198,7 +198,8 @@ def test_routing_is_httpxs(env: dict[str, str], monkeypatch: pytest.MonkeyPatch)
 
 def test_no_variables_means_the_direct_fast_path() -> None:
     assert proxy_routes(None, trust_env=True) is None
-    assert stallproof.Client(base_url=NOWHERE, api_key=KEY)._engine.pool.proxies is None
+    pool = stallproof.Client(base_url=NOWHERE, api_key=KEY)._engine.pool
+    assert isinstance(pool, Pool) and pool.proxies is None
 
 
 # -- bad settings -------------------------------------------------------------------------

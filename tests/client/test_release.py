@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 import sniffio
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
@@ -21,7 +22,7 @@ from ..support.clients import assert_pool_clean, hold_the_only_connection, pool_
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 HOLD = 20
 
 

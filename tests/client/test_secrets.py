@@ -16,6 +16,7 @@ import httpx
 import httpx2
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -27,7 +28,7 @@ from ..support.rawserver import always, response
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
 
 
@@ -161,10 +162,10 @@ async def test_the_sdk_error_chain_holds_no_authorization_header(raw_server: Any
     sdk = openai.AsyncOpenAI(api_key=KEY, base_url=srv.url, http_client=http, max_retries=0)
     async with http:
         with pytest.raises(openai.APIConnectionError) as e:
-            await sdk.chat.completions.create(model="m", messages=MSGS)  # type: ignore[arg-type]
+            await sdk.chat.completions.create(model="m", messages=MSGS)
     cause = e.value.__cause__
     assert isinstance(cause, stallproof.TotalTimeout)
-    assert cause.request.headers["authorization"] == "[redacted]"  # type: ignore[attr-defined]
+    assert cause.request.headers["authorization"] == "[redacted]"
     assert_no_key(cause)
 
 

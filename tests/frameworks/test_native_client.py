@@ -52,7 +52,7 @@ async def test_pydantic_ai(fault_server: Any, make_client: Any) -> None:
     from pydantic_ai.providers.openai import OpenAIProvider
 
     def agent(client: stallproof.Client) -> Agent[None, str]:
-        provider = OpenAIProvider(openai_client=client)  # type: ignore[arg-type]
+        provider = OpenAIProvider(openai_client=client)  # type: ignore[arg-type, unused-ignore]
         return Agent(OpenAIChatModel(MODEL, provider=provider))
 
     client = make_client(fault_server.url())
@@ -74,7 +74,7 @@ async def test_openai_agents(fault_server: Any, make_client: Any) -> None:
     from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner
 
     def agent(client: stallproof.Client) -> Agent[None]:
-        model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)  # type: ignore[arg-type]
+        model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)  # type: ignore[arg-type, unused-ignore]
         return Agent(name="a", instructions="be brief", model=model)
 
     config = RunConfig(tracing_disabled=True)
@@ -117,7 +117,7 @@ async def test_autogen_ext(fault_server: Any, make_client: Any) -> None:
 
     def model(client: stallproof.Client) -> Any:
         return BaseOpenAIChatCompletionClient(
-            client,  # type: ignore[arg-type]
+            client,  # type: ignore[arg-type, unused-ignore]
             create_args={"model": MODEL},
             model_info=info,
         )
