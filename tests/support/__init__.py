@@ -8,6 +8,7 @@
 - `messages_server`: a misbehaving Anthropic Messages server.
 - `proxyserver`: a forward/CONNECT/SOCKS5 proxy on loopback.
 - `fleet`: a real redis-server and worker processes (`fleet_worker.py`) for fleet state.
+- `otel`: OpenTelemetry attributes and metric points, read with their kind asserted.
 
 Fixtures live in the conftest.py of the group that uses them (tests/conftest.py for all).
 """
