@@ -25,6 +25,7 @@ from ._raw import PerCall, Prepared
 from ._redact import safe_url
 from ._request import is_omitted
 from ._resources import Embeddings, Models
+from ._responses import Responses
 from ._settings import Settings
 from ._wire._httpx_pool import HttpxClientPool
 from ._wire._proxy import ProxyTypes
@@ -169,6 +170,7 @@ class Client:
         self.beta = Beta(self.chat)
         self.models = Models(self)
         self.embeddings = Embeddings(self)
+        self.responses = Responses(self)
 
     def with_options(self, **changes: Any) -> Client:
         """A client with some settings changed, sharing this one's engine (its pool,
