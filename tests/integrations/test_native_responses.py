@@ -21,7 +21,7 @@ from openai.types.responses import Response, ResponseCompletedEvent, ResponseTex
 
 import stallproof
 
-from ..support.clients import KEY, assert_pool_clean, warm
+from ..support.clients import assert_pool_clean, warm
 from ..support.sdk_catalogue import BUDGET, LIMITS, OK, limit_of, outcome_of
 from ..support.timing import MARGIN
 
