@@ -60,7 +60,8 @@ module                      what is in it
 `_control_surface`          `ServerControls`: the methods both share (scenarios, mix,
                             stats, journal, verdicts, URLs)
 `_scope`                    `FaultScope`: one test's view through its key
-`_control_api`              the ``/_fault/`` HTTP control API; `_control_guard` guards it
+`_control_api`              the ``/_fault/`` HTTP control API; `_control_guard` guards it,
+                            `_control_worker` runs it in a thread off the loop
 `_state`                    what every connection shares; `_scenarios`, `_mix`, `_stats`,
                             `_journal`, `_bounded` are its parts
 `_verdict`                  `Verdict`: how a client behaved, judged from the journal

@@ -176,6 +176,7 @@ class FaultServer(ServerControls):
                 len(pending),
                 _SHUTDOWN,
             )
+        self._state.control.close()
         if self._tls_listener is not None:
             await self._tls_listener.close()
         if self._blackhole is not None:

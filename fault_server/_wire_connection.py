@@ -27,7 +27,7 @@ import h11
 from ._answer import LocalSource, UpstreamBroken
 from ._bounded import SeenKeys
 from ._catalogue import BEHAVIOURS, CONNECTION_BEHAVIOURS
-from ._control_api import PREFIX, control
+from ._control_api import PREFIX
 from ._formats import lenient_request, parse_request, route
 from ._journal import ConnLog, RequestLog
 from ._openai import ChatRequest, RequestError, Whole, error
@@ -215,7 +215,9 @@ class Connection:
             body = await self._read_body(deadline)
             if body is None:
                 return Outcome.CLOSE
-            answer = control(method, path, query, body, self._state, request.headers)
+            answer = await self._state.control.answer(
+                method, path, query, body, self._state, request.headers
+            )
             return await self._send(answer, request_id)
         self._counters.request()
         log = self._current = self._log.request(method, path)
