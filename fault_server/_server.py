@@ -30,7 +30,9 @@ logger = logging.getLogger("fault_server")
 
 _SHUTDOWN = 0.5  # bounds how long aclose() waits for cancelled connections to finish.
 MAX_CONNECTIONS = 20_000  # the default cap on connections served at once.
-_BACKLOG = 4096  # Linux's default somaxconn: bursts of connects are queued, not dropped.
+# Bursts of connects are queued, not dropped: the kernel caps it at net.core.somaxconn
+# (4096 by default on Linux), which an operator can raise.
+_BACKLOG = 65535
 
 
 class FaultServer(ServerControls):
