@@ -124,10 +124,11 @@ def response_stream(req: ChatRequest, tokens: int) -> EventStream:
     )
 
 
-def error_event(message_text: str) -> bytes:
-    """An ``error`` event, as the Responses stream sends one."""
+def error_event(message_text: str, sequence: int) -> bytes:
+    """An ``error`` event, as the Responses stream sends one, numbered ``sequence`` (the
+    events sent before it, numbered from 0)."""
     payload = {"type": "error", "code": "server_error", "message": message_text, "param": None}
-    return sse_event("error", {**payload, "sequence_number": 0})
+    return sse_event("error", {**payload, "sequence_number": sequence})
 
 
 class _Answer:
@@ -170,7 +171,8 @@ class _Answer:
         prompt = self.req.prompt_tokens
         usage = {
             "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": 0},
+            # cache_write_tokens: required by openai 3.60's ResponseUsage.
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": self.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + self.output_tokens,

@@ -28,7 +28,7 @@ from ._answer import LocalSource, UpstreamBroken
 from ._bounded import SeenKeys
 from ._catalogue import BEHAVIOURS, CONNECTION_BEHAVIOURS
 from ._control_api import PREFIX
-from ._formats import lenient_request, parse_request, route
+from ._formats import lenient_request, parse_request, path_error, route
 from ._journal import ConnLog, RequestLog
 from ._openai import ChatRequest, RequestError, Whole, error
 from ._scenarios import RequestInfo
@@ -252,13 +252,15 @@ class Connection:
         try:
             spec = parse_fault(given) if given else FaultSpec()
         except FaultSpecError as exc:
-            return await self._refuse(error(400, str(exc), code="invalid_fault"), request_id, log)
+            invalid = path_error(path, 400, str(exc), code="invalid_fault")
+            return await self._refuse(invalid, request_id, log)
         if spec.info.scope == "connection":
             message = (
                 f"fault {spec.name!r} acts on a connection before any request is read: arm it "
                 "with a scenario (FaultServer.scenario, or PUT /_fault/scenarios)"
             )
-            return await self._refuse(error(400, message, code="invalid_fault"), request_id, log)
+            invalid = path_error(path, 400, message, code="invalid_fault")
+            return await self._refuse(invalid, request_id, log)
         key = spec.key or self._header(b"x-fault-key")
         body: bytes | None = None
         if source != "header":  # a header is the test's explicit word: nothing overrides it.
@@ -303,7 +305,7 @@ class Connection:
             try:
                 chat = parse_request(path, body)
             except RequestError as exc:
-                whole = error(400, str(exc), param=exc.param)
+                whole = path_error(path, 400, str(exc), param=exc.param)
                 return await self._send(whole, request_id, log=log)
             answers = LocalSource(chat, spec.integer("tokens"))
         return await self._run(spec, chat, answers, request_id, hold, log)
