@@ -42,7 +42,9 @@ module                      what is in it
 **the answers**
 `_answer`                   the healthy answer a fault delivers: `Whole` or `Frames`
 `_formats`                  the APIs served, by path: `_openai`, `_anthropic`, `_responses`
-`_structured`               the JSON content answering a structured-output request
+`_structured`               the JSON content answering a structured-output request, and
+                            a tool call's arguments from the tool's schema
+`_tools`                    which tool an answer calls, as each API offers and chooses
 **proxy mode**
 `_proxy`                    ``upstream=``: a real server's answers, faults injected
 `_proxy_recording`          ``record=``: the exchanges with the upstream, to a file

@@ -24,10 +24,12 @@ from ._openai import (
     json_bytes,
     load_object,
     pieces_of,
+    read_tool,
     sse_event,
     text_of,
 )
 from ._structured import json_answer
+from ._tools import responses_tool
 
 __all__ = ["error_event", "parse_responses", "response", "response_stream"]
 
@@ -58,12 +60,14 @@ def parse_responses(body: bytes) -> ChatRequest:
         raise RequestError("'max_output_tokens' must be an integer >= 1", "max_output_tokens")
     instructions = text_of(data.get("instructions"))
     text = data.get("text")
+    tool = read_tool(responses_tool, data)
     return ChatRequest(
         model=model,
         text=last_user,
         prompt_tokens=sum(len(t.split()) for t in (instructions, *texts)),
         stream=data.get("stream") is True,
-        tool_name=_first_tool(data),
+        tool_name=tool.name if tool else None,
+        tool_schema=tool.schema if tool else None,
         max_tokens=max_tokens,
         api="responses",
         json_text=json_answer(
@@ -204,16 +208,3 @@ def _part(text: str) -> dict[str, Any]:
 
 def _event(seq: Iterator[int], kind: str, **fields: Any) -> bytes:
     return sse_event(kind, {"type": kind, **fields, "sequence_number": next(seq)})
-
-
-def _first_tool(data: dict[str, Any]) -> str | None:
-    tools = data.get("tools")
-    if not isinstance(tools, list) or not tools or data.get("tool_choice") == "none":
-        return None
-    functions = [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
-    if not functions:
-        return None
-    name = functions[0].get("name")
-    if not isinstance(name, str) or not name:
-        raise RequestError("a function tool's 'name' must be a non-empty string", "tools")
-    return name
