@@ -67,6 +67,7 @@ module                      what is in it
 `_state`                    what every connection shares; `_scenarios`, `_mix`, `_stats`,
                             `_journal`, `_bounded` are its parts
 `_verdict`                  `Verdict`: how a client behaved, judged from the journal
+`_metrics`                  ``GET /metrics``: requests in flight by phase, for Prometheus
 `_cli`, `pytest_plugin`     ``fault-server`` on the command line; the pytest fixtures
 =========================== ==============================================================
 """

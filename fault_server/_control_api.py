@@ -15,6 +15,7 @@ for rules that carry an ``id`` (a rule with a known id replaces the old one).
 | ``GET /_fault/journal`` | what each connection did, a page at a time |
 | ``GET /_fault/verdict`` | how the client behaved |
 | ``POST /_fault/forget`` | drop everything kept for a key |
+| ``GET /metrics`` | Prometheus gauges (`_metrics`) |
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from ._json_depth import loads as loads_limited
+from ._metrics import PATH as METRICS
+from ._metrics import exposition
 from ._mix import Mix
 from ._openai import Whole, error
 from ._scenarios import Rule
@@ -35,7 +38,7 @@ from ._verdict import judge
 if TYPE_CHECKING:
     from ._state import ServerState
 
-__all__ = ["PREFIX", "catalogue", "control"]
+__all__ = ["METRICS", "PREFIX", "catalogue", "control"]
 
 PREFIX = "/_fault/"
 _FILTERS = ("key", "request_id", "idempotency_key")
@@ -71,7 +74,8 @@ def control(
     try:
         params = _query(query)
         data = _body(body)
-        return _json(handler(state, params, data))
+        result = handler(state, params, data)
+        return result if isinstance(result, Whole) else _json(result)
     except (_Bad, FaultSpecError, TypeError) as exc:
         return error(400, f"{method} {path}: {exc}", code="invalid_control")
 
@@ -213,7 +217,13 @@ def _verdict(state: ServerState, params: dict[str, str], data: Any) -> object:
     return judge(state.journal.snapshot(**params)).as_dict()
 
 
+def _metrics(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ())
+    return exposition(state)
+
+
 _ROUTES: dict[str, dict[str, Handler]] = {
+    METRICS: {"GET": _metrics},
     "/_fault/stats": {"GET": _stats},
     "/_fault/reset": {"POST": _reset},
     "/_fault/list": {"GET": _list},

@@ -27,9 +27,10 @@ import h11
 from ._answer import LocalSource, UpstreamBroken
 from ._bounded import SeenKeys
 from ._catalogue import BEHAVIOURS, CONNECTION_BEHAVIOURS
-from ._control_api import PREFIX
+from ._control_api import METRICS, PREFIX
 from ._formats import lenient_request, parse_request, path_error, route
 from ._journal import ConnLog, RequestLog
+from ._metrics import Flight
 from ._openai import ChatRequest, RequestError, Whole, error
 from ._scenarios import RequestInfo
 from ._spec import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
@@ -117,7 +118,9 @@ class Connection:
             return
         self._log.fault = str(rule.spec)
         behaviour = CONNECTION_BEHAVIOURS[rule.spec.name]
-        if not await behaviour(self._reader, self._writer, rule.spec, self._max_hold):
+        with self._state.flights.holding(rule.spec.name):
+            accepted = await behaviour(self._reader, self._writer, rule.spec, self._max_hold)
+        if not accepted:
             raise _Closed("server", "refused")  # serve() then aborts: an RST.
 
     async def _serve(self) -> bool:
@@ -211,7 +214,7 @@ class Connection:
         path, _, query = target.partition("?")
         request_id = self._request_id()
         self._current = None
-        if path.startswith(PREFIX):
+        if path.startswith(PREFIX) or path == METRICS:
             body = await self._read_body(deadline)
             if body is None:
                 return Outcome.CLOSE
@@ -224,7 +227,8 @@ class Connection:
         log.request_id = self._header(b"x-request-id")
         log.idempotency_key = self._header(b"idempotency-key")
         try:
-            return await self._answer(method, path, query, request_id, log, deadline)
+            with self._state.flights.request() as flight:
+                return await self._answer(method, path, query, request_id, log, deadline, flight)
         except _Closed as exc:  # while reading the body: the client left, or was too slow.
             if exc.by == "client":
                 self._log.end_request(log, "client_closed" if exc.how == "fin" else "client_reset")
@@ -239,7 +243,14 @@ class Connection:
                 self._log.end_request(log, "complete" if log.status else "shutdown")
 
     async def _answer(
-        self, method: str, path: str, query: str, request_id: str, log: RequestLog, deadline: float
+        self,
+        method: str,
+        path: str,
+        query: str,
+        request_id: str,
+        log: RequestLog,
+        deadline: float,
+        flight: Flight,
     ) -> Outcome:
         spec_text: str | None = None
         if path.startswith("/fault/"):
@@ -290,7 +301,7 @@ class Connection:
         if spec.get("hold") is not None:
             hold = min(hold, spec.number("hold"))
         if spec.name == "half_open" and body is None:  # never read past the head.
-            return await self._run(spec, None, LocalSource(None, 0), request_id, hold, log)
+            return await self._run(spec, None, LocalSource(None, 0), request_id, hold, log, flight)
         if body is None:
             body = await self._read_body(deadline)
             if body is None:
@@ -308,7 +319,7 @@ class Connection:
                 whole = path_error(path, 400, str(exc), param=exc.param)
                 return await self._send(whole, request_id, log=log)
             answers = LocalSource(chat, spec.integer("tokens"))
-        return await self._run(spec, chat, answers, request_id, hold, log)
+        return await self._run(spec, chat, answers, request_id, hold, log, flight)
 
     def _armed(self, spec: FaultSpec, source: str, info: RequestInfo) -> tuple[FaultSpec, str]:
         """The fault armed on the server for this request, if any: a matching scenario rule
@@ -347,8 +358,10 @@ class Connection:
         request_id: str,
         hold: float,
         log: RequestLog,
+        flight: Flight,
     ) -> Outcome:
-        """Run the fault's behaviour for at most ``hold`` seconds."""
+        """Run the fault's behaviour for at most ``hold`` seconds; ``flight`` waits during
+        its ``delay``, then is answered."""
         watcher = PeerWatcher(self._reader, self._conn)
         exchange = Exchange(
             conn=self._conn,
@@ -365,7 +378,9 @@ class Connection:
         watcher.start()
         try:
             with anyio.move_on_after(hold):
+                flight.queued(spec.name)
                 await exchange.sleep(spec.number("delay"))
+                flight.answering(spec.name)
                 outcome = await behaviour(exchange)
                 if outcome is Outcome.KEEP:
                     self._log.end_request(log, "complete")
