@@ -149,7 +149,11 @@ class FaultServer(ServerControls):
             self._refused.open()
             if self._tls:
                 self._tls_listener = TlsListener(
-                    host, self._state.scenarios, self._max_hold, self._on_connect
+                    host,
+                    self._state.scenarios,
+                    self._max_hold,
+                    self._on_connect,
+                    self._state.flights,
                 )
                 await self._tls_listener.open(_BACKLOG, self._max_connections)
         except BaseException:

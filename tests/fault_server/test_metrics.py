@@ -120,3 +120,15 @@ def test_metrics_take_no_query_and_follow_the_control_token() -> None:
         bad = httpx.get(srv.base_url + "/metrics?x=1", headers={"X-Fault-Token": "s3cret"})
         assert bad.status_code == 400
         assert "unknown query parameter" in json.loads(bad.text)["error"]["message"]
+
+
+def test_a_stalled_tls_handshake_is_a_held_connection() -> None:
+    with fault_server.running(port=0, tls=True, max_hold=5.0) as srv:
+        srv.scenario("tls_stall", times=1)
+        tls_port = int(srv.tls_url().rsplit(":", 1)[1].split("/")[0])
+        with socket.create_connection(("127.0.0.1", tls_port), timeout=5):
+            wait_until_sync(
+                lambda: scrape(srv).get('fault_server_connections_held{fault="tls_stall"}') == 1,
+                what="the stalled handshake counted",
+            )
+            assert scrape(srv)['vllm:num_requests_running{model_name="fault-model"}'] == 0
