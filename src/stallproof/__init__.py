@@ -17,8 +17,9 @@ module              what is in it
 `_client`           `Client`: the native async OpenAI-compatible client
 `_completions`      ``client.chat.completions`` (and ``client.beta``)
 `_resources`        ``client.models``, ``client.embeddings``
+`_responses`        ``client.responses``: the Responses API
 `_raw`              a prepared call, and ``with_raw_response`` / ``with_streaming_response``
-`_stream`           `AsyncStream`: a streamed chat completion, typed chunk by chunk
+`_stream`           `AsyncStream`, `ResponseStream`: streams, typed event by event
 `_request`          openai-style arguments -> the request body, with clear errors
 `_results`          parsed JSON -> openai's own result types, validated
 `_settings`         a `Client`'s settings as openai names them
@@ -104,7 +105,8 @@ from ._pacer import PacerState
 from ._policies import DEFAULT_RETRY_STATUSES, Breaker, Pacer, RedisState, Retry, RetryBudget
 from ._raw import RawResponse, StreamingResponse
 from ._resources import Embeddings, ModelList, ModelPage, Models
-from ._stream import AsyncStream
+from ._responses import Responses
+from ._stream import AsyncStream, ResponseStream
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -155,6 +157,8 @@ __all__ = [
     "RawResponse",
     "ReadTimeout",
     "RedisState",
+    "Responses",
+    "ResponseStream",
     "ResponseTooLarge",
     "Retry",
     "RetryBudget",

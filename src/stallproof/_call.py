@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
 import traceback
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
@@ -26,7 +25,7 @@ from ._config import Timeouts
 from ._deadline import ActiveDeadline
 from ._inflight import InflightCall
 
-__all__ = ["Call", "PhaseListener", "loop_clock", "new_request_id"]
+__all__ = ["Call", "PhaseListener", "loop_clock"]
 
 
 class PhaseListener(Protocol):
@@ -51,10 +50,6 @@ _SENT_EVENTS = frozenset({"http11.send_request_body.complete", "http2.send_reque
 
 
 E = TypeVar("E", bound=exc.StallproofError)
-
-
-def new_request_id() -> str:
-    return f"sp-{secrets.token_hex(12)}"
 
 
 _last_clock: tuple[asyncio.AbstractEventLoop, Callable[[], float]] | None = None
@@ -92,7 +87,6 @@ class Call:
 
     __slots__ = (
         "_bound",
-        "_registry",
         "_scope",
         "agent",
         "attempt",
@@ -164,21 +158,10 @@ class Call:
         self.content_chunks = 0
         self.shared: str | None = None  # fleet state: "redis", "local (why)"; None: unshared
         self.telemetry: PhaseListener | None = None
-        self._registry: dict[int, Call] | None = None
         self._scope: anyio.CancelScope | None = None
         self._bound = "total"
 
-    # -- the client's in-flight registry ---------------------------------------------------
-
-    def register(self, registry: dict[int, Call]) -> None:
-        self._registry = registry
-        registry[id(self)] = self
-
-    def unregister(self) -> None:
-        """Leave the in-flight view (idempotent): the call is over."""
-        if self._registry is not None:
-            self._registry.pop(id(self), None)
-            self._registry = None
+    # -- the in-flight view (the engine's registry holds the call; `CallScope.end` removes it)
 
     def snapshot(self, now: float, stalled_after: float) -> InflightCall:
         since_progress = now - self.last_progress

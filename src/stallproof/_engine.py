@@ -160,8 +160,10 @@ class Engine:
             ``HTTPS_PROXY``, ``ALL_PROXY`` name, bar ``NO_PROXY`` (as httpx does).
         proxy: a proxy URL (``http://user:pass@host:3128``, ``socks5://...``) or an
             ``httpx.Proxy`` for every call of the default pool, instead of the environment.
-        provider_name, record_content, tracer_provider, meter_provider: telemetry, as
-            for `Client`.
+        provider_name: ``gen_ai.provider.name``, as for `Client`.
+        record_content: put prompts and completions on spans, as for `Client`.
+        tracer_provider: the OpenTelemetry tracer provider, as for `Client`.
+        meter_provider: the OpenTelemetry meter provider, as for `Client`.
 
     One engine belongs to one event loop, as its client does: the state its calls share
     (budget, circuits, pacer, registry) changes without awaiting, and takes no lock.

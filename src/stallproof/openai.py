@@ -50,7 +50,10 @@ class AsyncOpenAI(FaceMixin, openai.AsyncOpenAI):
         retry: the engine's `Retry` policy (None: never retry). Default `Retry()`.
         max_retries: the SDK's argument, kept for compatibility: ``N`` means
             ``Retry(attempts=N + 1)``. Not both.
-        retry_budget, breaker, pacer, limits: the engine's settings (see `Engine`).
+        retry_budget: the engine's `RetryBudget` (see `Engine`).
+        breaker: the engine's `Breaker`.
+        pacer: the engine's `Pacer`.
+        limits: the engine's `Limits`.
         engine: an `Engine` to share with other clients, instead of those settings.
         http_client: optional; one built by `stallproof.http_client2()` (or, the legacy
             path, `stallproof.http_client()`), whose engine this client then uses; or your

@@ -1,6 +1,6 @@
 """The journal never stalls the server, and never grows without bound.
 
-The latency test runs the server in a process of its own (`tests.wire.cli_server`), fills
+The latency test runs the server in a process of its own (`tests.support.wire.cli_server`), fills
 its journal with 50,000 requests over real sockets, and measures a healthy request's
 latency on another connection while the test queries the journal and asks for verdicts.
 """

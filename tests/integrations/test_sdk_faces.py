@@ -78,7 +78,7 @@ def test_max_retries_becomes_the_engines_retry() -> None:
 
 
 def test_an_http_client_that_cannot_carry_the_engine_is_refused() -> None:
-    # A caller's own httpx2 client is taken (tests/test_sdk_own_client.py).
+    # A caller's own httpx2 client is taken (tests/integrations/test_sdk_own_client.py).
     with pytest.raises(stallproof.InvalidRequestError, match="already has its engine"):
         face("http://x/v1", http_client=stallproof.http_client2(), breaker=stallproof.Breaker())
     with pytest.raises(stallproof.InvalidRequestError, match=r"httpx2\.AsyncClient"):
