@@ -18,7 +18,7 @@ import httpx
 import httpx2
 import openai
 import pytest
-from anthropic.types import Message, MessageParam, RawMessageStreamEvent
+from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import FunctionToolParam, Response, ResponseStreamEvent
 from pydantic import TypeAdapter
@@ -26,20 +26,12 @@ from typing_extensions import TypedDict
 
 from fault_server import FAULTS, ServerThread
 
-from ..support.wire import Raw, address, dechunk, request
+from ..support.wire import MessagesArgs, Raw, address, dechunk, request
 
 pytestmark = pytest.mark.usefixtures("no_server_errors")
 
 SAID = "hello brave new world"
 ANSWER = "echo: hello brave new world lorem ipsum dolor"  # 8 tokens, the default.
-
-
-class MessagesArgs(TypedDict):
-    """What every Messages call here sends; typed so the SDK's overloads take ``**MESSAGES``."""
-
-    model: str
-    max_tokens: int
-    messages: list[MessageParam]
 
 
 class ResponsesArgs(TypedDict):

@@ -29,11 +29,21 @@ import fault_server
 from fault_server import FAULTS, FaultServer, RecordingError, ServerThread
 from fault_server._wire_tls import TLS_SUPPORTED, _with_openssl
 
-from ..support.wire import CHAT, ROOT, STREAM, Raw, address, chat_path, dechunk, request
+from ..support.wire import (
+    CHAT,
+    ROOT,
+    STREAM,
+    MessagesArgs,
+    Raw,
+    address,
+    chat_path,
+    dechunk,
+    request,
+)
 
 pytestmark = pytest.mark.usefixtures("no_server_errors")
 
-MESSAGES = {
+MESSAGES: MessagesArgs = {
     "model": "claude-test",
     "max_tokens": 64,
     "messages": [{"role": "user", "content": "hello brave new world"}],
@@ -155,9 +165,9 @@ def test_rate_limit_is_a_token_bucket(srv: ServerThread, fault_key: str) -> None
 def test_rate_limit_on_messages_speaks_anthropic(srv: ServerThread, fault_key: str) -> None:
     base = srv.url("rate_limit", limit=1, rate=0.5, key=fault_key).removesuffix("/v1")
     with anthropic.Anthropic(base_url=base, api_key="x", max_retries=0) as client:
-        raw = client.messages.with_raw_response.create(**MESSAGES)  # type: ignore[call-overload]
+        raw = client.messages.with_raw_response.create(**MESSAGES)
         with pytest.raises(anthropic.RateLimitError) as caught:
-            client.messages.create(**MESSAGES)  # type: ignore[call-overload]
+            client.messages.create(**MESSAGES)
     assert raw.headers["anthropic-ratelimit-requests-limit"] == "1"
     assert raw.headers["anthropic-ratelimit-requests-remaining"] == "0"
     assert caught.value.response.headers["retry-after"] == "2"

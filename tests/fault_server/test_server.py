@@ -557,7 +557,7 @@ def test_malformed_json(srv: ServerThread) -> None:
         openai.OpenAI(base_url=srv.url("malformed_json"), api_key="x", max_retries=0) as client,
         pytest.raises(Exception),  # noqa: B017,PT011 -- which one is the client's choice.
     ):
-        list(client.chat.completions.create(**STREAM))  # type: ignore[call-overload]
+        list(client.chat.completions.create(**STREAM))
 
 
 def test_huge_body_non_stream(srv: ServerThread) -> None:

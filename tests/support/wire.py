@@ -18,9 +18,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from anthropic.types import MessageParam
 from openai.types.chat import ChatCompletionMessageParam
 from typing_extensions import TypedDict
 
@@ -31,7 +32,10 @@ __all__ = [
     "ROOT",
     "STREAM",
     "Answer",
+    "ChatArgs",
+    "MessagesArgs",
     "Raw",
+    "StreamArgs",
     "address",
     "chat_path",
     "chunks",
@@ -175,7 +179,21 @@ class ChatArgs(TypedDict):
 CHAT: ChatArgs = {"model": "m", "messages": [{"role": "user", "content": "hello brave new world"}]}
 
 
-STREAM = {**CHAT, "stream": True}
+class MessagesArgs(TypedDict):
+    """An Anthropic Messages request's body, typed as the SDK's ``create`` takes it."""
+
+    model: str
+    max_tokens: int
+    messages: list[MessageParam]
+
+
+class StreamArgs(ChatArgs):
+    """`ChatArgs` with ``stream=True``: the SDKs' ``create(**STREAM)`` returns a stream."""
+
+    stream: Literal[True]
+
+
+STREAM: StreamArgs = {**CHAT, "stream": True}
 
 
 def request(
