@@ -73,6 +73,10 @@ async def drop_in(client: stallproof.Client) -> None:
     except openai.APITimeoutError as e:
         request: httpx2.Request = e.request
         del request
+    # The stream helper without a response_format, as with openai: no annotation needed.
+    async with client.chat.completions.stream(model="m", messages=messages) as events:
+        async for event in events:
+            del event
     await client.close()
     del content, created, ids, first
 
