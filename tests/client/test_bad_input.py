@@ -14,6 +14,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
+from ..support.clients import MakeClient
 from ..support.rawserver import RawRequest, always, response
 
 pytestmark = pytest.mark.anyio
@@ -25,7 +26,7 @@ MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello the
     "name", ["Content-Length", "content-length", "Host", "Transfer-Encoding", "Connection"]
 )
 async def test_extra_headers_may_not_frame_the_request(
-    name: str, raw_server: Any, make_client: Any
+    name: str, raw_server: Any, make_client: MakeClient
 ) -> None:
     srv = raw_server(always(response(200, b"{}")))
     client = make_client(srv.url)

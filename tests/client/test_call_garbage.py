@@ -24,6 +24,8 @@ from stallproof._call import Call
 from stallproof._callscope import CallScope
 from stallproof._telemetry import CallTelemetry
 
+from ..support.clients import MakeClient
+
 pytestmark = pytest.mark.anyio
 
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -74,7 +76,7 @@ async def _calls_without_gc(client: stallproof.Client, n: int, error: type[Excep
 
 
 async def test_a_call_ended_by_its_deadline_leaves_no_cycle(
-    make_client: Any, black_hole: str
+    make_client: MakeClient, black_hole: str
 ) -> None:
     # The default Retry: a TotalTimeout is not retried, so the first attempt's own path.
     client = make_client(

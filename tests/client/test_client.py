@@ -8,17 +8,22 @@ from typing import Any
 
 import openai
 import pytest
-from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageParam,
+)
 
 import stallproof
 
-from ..support.clients import spying_client
+from ..support.clients import MakeClient, spying_client
 
 pytestmark = pytest.mark.anyio
 
 MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 KEY = "sk-test-SECRET-0123456789"
-TOOLS = [
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -30,7 +35,7 @@ TOOLS = [
 ]
 
 
-async def test_non_stream_round_trip(fault_server: Any, make_client: Any) -> None:
+async def test_non_stream_round_trip(fault_server: Any, make_client: MakeClient) -> None:
     client = make_client(fault_server.url())
     resp = await client.chat.completions.create(model="m-1", messages=MSGS, temperature=0.2)
     assert type(resp) is ChatCompletion
@@ -44,7 +49,7 @@ async def test_non_stream_round_trip(fault_server: Any, make_client: Any) -> Non
     assert resp.model_dump(exclude_none=True)["id"] == resp.id
 
 
-async def test_stream_round_trip_with_usage(fault_server: Any, make_client: Any) -> None:
+async def test_stream_round_trip_with_usage(fault_server: Any, make_client: MakeClient) -> None:
     client = make_client(fault_server.url())
     stream = await client.chat.completions.create(
         model="m", messages=MSGS, stream=True, stream_options={"include_usage": True}
@@ -62,12 +67,14 @@ async def test_stream_round_trip_with_usage(fault_server: Any, make_client: Any)
     assert stream.server_request_id
 
 
-async def test_tool_calls_non_stream_and_stream(fault_server: Any, make_client: Any) -> None:
+async def test_tool_calls_non_stream_and_stream(fault_server: Any, make_client: MakeClient) -> None:
     client = make_client(fault_server.url())
     resp = await client.chat.completions.create(
         model="m", messages=MSGS, tools=TOOLS, tool_choice="auto"
     )
+    assert resp.choices[0].message.tool_calls
     call = resp.choices[0].message.tool_calls[0]
+    assert call.type == "function"
     assert call.function.name == "save_file"
     json.loads(call.function.arguments)
     assert resp.choices[0].finish_reason == "tool_calls"
@@ -79,6 +86,7 @@ async def test_tool_calls_non_stream_and_stream(fault_server: Any, make_client: 
     async for chunk in stream:
         for c in chunk.choices:
             for tc in c.delta.tool_calls or ():
+                assert tc.function is not None
                 name += tc.function.name or ""
                 args += tc.function.arguments or ""
     assert name == "save_file"
@@ -97,7 +105,9 @@ async def test_client_reads_openai_environment(
         assert resp.choices
 
 
-async def test_arguments_and_extra_body_reach_the_wire(fault_server: Any, make_client: Any) -> None:
+async def test_arguments_and_extra_body_reach_the_wire(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     # The fault server echoes nothing of the body, so look at what goes on the wire.
     client, sent = spying_client(make_client, fault_server.url())
     await client.chat.completions.create(
@@ -118,12 +128,14 @@ async def test_arguments_and_extra_body_reach_the_wire(fault_server: Any, make_c
     assert "stream" not in body and "temperature" not in body and "top_p" not in body
 
 
-async def test_a_typo_is_a_type_error_as_in_openai(fault_server: Any, make_client: Any) -> None:
+async def test_a_typo_is_a_type_error_as_in_openai(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client = make_client(fault_server.url())
     with pytest.raises(TypeError, match="unexpected keyword argument 'max_token'"):
-        await client.chat.completions.create(model="m", messages=MSGS, max_token=2)
+        await client.chat.completions.create(model="m", messages=MSGS, max_token=2)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="missing required keyword argument: 'model'"):
-        await client.chat.completions.create(messages=MSGS)
+        await client.chat.completions.create(messages=MSGS)  # type: ignore[call-overload]
     oa = openai.AsyncOpenAI(base_url=fault_server.url(), api_key="k")
     try:
         with pytest.raises(TypeError):  # what openai does with the same typo
@@ -153,7 +165,7 @@ async def test_a_typo_is_a_type_error_as_in_openai(fault_server: Any, make_clien
     ],
 )
 async def test_bad_input_is_a_clear_typed_error(
-    kwargs: dict[str, Any], match: str, fault_server: Any, make_client: Any
+    kwargs: dict[str, Any], match: str, fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url())
     with pytest.raises(stallproof.InvalidRequestError, match=match):
@@ -167,7 +179,7 @@ def test_bad_base_url_is_rejected(base_url: str) -> None:
 
 
 async def test_api_key_never_appears_in_repr_errors_or_logs(
-    fault_server: Any, make_client: Any, caplog: pytest.LogCaptureFixture
+    fault_server: Any, make_client: MakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     client = make_client(fault_server.url("status", code=401), api_key=KEY)
@@ -185,9 +197,12 @@ async def test_api_key_never_appears_in_repr_errors_or_logs(
         assert "SECRET" not in text
 
 
-async def test_openai_not_given_sentinels_are_dropped(fault_server: Any, make_client: Any) -> None:
+async def test_openai_not_given_sentinels_are_dropped(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client = make_client(fault_server.url())
-    resp = await client.chat.completions.create(
+    # openai's params type takes no NotGiven (docs/migrating.md): accepted at run time only.
+    resp = await client.chat.completions.create(  # type: ignore[call-overload]
         model="m", messages=MSGS, temperature=openai.NOT_GIVEN
     )
     assert resp.choices

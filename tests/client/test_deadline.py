@@ -6,18 +6,22 @@ from typing import Any
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
+from ..support.clients import MakeClient
 from ..support.timing import MARGIN, stopwatch
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 HOLD = 20
 
 
-async def test_a_scope_clips_every_call_inside_it(fault_server: Any, make_client: Any) -> None:
+async def test_a_scope_clips_every_call_inside_it(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client = make_client(fault_server.url(), timeout=30)
     slow = fault_server.url("half_open", hold=HOLD)
     stalled = make_client(slow, timeout=30)
@@ -48,7 +52,7 @@ async def test_the_scope_cancels_what_is_not_a_call() -> None:
     assert info.value.scope == "deadline(0.3s)"
 
 
-async def test_nested_scopes_take_the_earliest(fault_server: Any, make_client: Any) -> None:
+async def test_nested_scopes_take_the_earliest(fault_server: Any, make_client: MakeClient) -> None:
     stalled = make_client(fault_server.url("half_open", hold=HOLD), timeout=30)
     with (
         pytest.raises(stallproof.DeadlineExceeded) as info,
@@ -66,7 +70,9 @@ async def test_nested_scopes_take_the_earliest(fault_server: Any, make_client: A
     assert info.value.scope == "inner"
 
 
-async def test_a_calls_own_total_still_applies_inside(fault_server: Any, make_client: Any) -> None:
+async def test_a_calls_own_total_still_applies_inside(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     stalled = make_client(fault_server.url("half_open", hold=HOLD), timeout=0.3)
     with stallproof.deadline(10), pytest.raises(stallproof.TotalTimeout) as info:
         await stalled.chat.completions.create(model="m", messages=MSGS)
@@ -74,7 +80,7 @@ async def test_a_calls_own_total_still_applies_inside(fault_server: Any, make_cl
 
 
 async def test_an_expired_scope_fails_a_call_before_it_is_sent(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), timeout=30)
     with pytest.raises(stallproof.DeadlineExceeded), stallproof.deadline(0.2):

@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
@@ -23,13 +24,13 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import stallproof
 
-from ..support.clients import KEY, spying_client
+from ..support.clients import KEY, MakeClient, spying_client
 from ..support.otel import attribute, metrics, number, points, seconds
 from ..support.timing import wait_until
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 FAST = stallproof.Retry(attempts=3, backoff_base=0.05, backoff_max=0.1)
 
 
@@ -50,7 +51,7 @@ def _tree(exporter: InMemorySpanExporter) -> tuple[ReadableSpan, list[ReadableSp
     return call, sorted(attempts, key=lambda s: s.start_time or 0)
 
 
-async def test_healthy_call_span(fault_server: Any, make_client: Any, spans: Any) -> None:
+async def test_healthy_call_span(fault_server: Any, make_client: MakeClient, spans: Any) -> None:
     provider, exporter = spans
     client = make_client(fault_server.url(), tracer_provider=provider)
     resp = await client.chat.completions.create(
@@ -71,6 +72,7 @@ async def test_healthy_call_span(fault_server: Any, make_client: Any, spans: Any
     assert a["gen_ai.request.max_tokens"] == 32 and a["gen_ai.request.temperature"] == 0.5
     assert a["gen_ai.response.id"] == resp.id
     assert a["gen_ai.response.finish_reasons"] == ("stop",)
+    assert resp.usage is not None
     assert a["gen_ai.usage.input_tokens"] == resp.usage.prompt_tokens
     assert a["gen_ai.usage.output_tokens"] == resp.usage.completion_tokens
     assert a["server.address"] == "127.0.0.1" and isinstance(a["server.port"], int)
@@ -86,7 +88,7 @@ async def test_healthy_call_span(fault_server: Any, make_client: Any, spans: Any
 
 
 async def test_stream_span_covers_the_whole_stream(
-    fault_server: Any, make_client: Any, spans: Any
+    fault_server: Any, make_client: MakeClient, spans: Any
 ) -> None:
     provider, exporter = spans
     client = make_client(
@@ -110,7 +112,7 @@ async def test_stream_span_covers_the_whole_stream(
 
 
 async def test_retried_call_has_one_span_per_attempt(
-    fault_server: Any, fault_key: str, make_client: Any, spans: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient, spans: Any
 ) -> None:
     provider, exporter = spans
     client, sent = spying_client(
@@ -152,7 +154,7 @@ async def test_timeout_spans_say_which_bound_and_phase(
     timeouts: dict[str, float],
     expect: type[stallproof.TimeoutException],
     fault_server: Any,
-    make_client: Any,
+    make_client: MakeClient,
     spans: Any,
 ) -> None:
     provider, exporter = spans
@@ -164,6 +166,7 @@ async def test_timeout_spans_say_which_bound_and_phase(
             stream=stream,
             timeout=stallproof.Timeouts(total=5).replace(**timeouts),
         )
+        assert isinstance(s, stallproof.AsyncStream)  # a plain answer raised above
         async for _ in s:
             pass
     call, _ = _tree(exporter)
@@ -174,7 +177,7 @@ async def test_timeout_spans_say_which_bound_and_phase(
     assert attribute(event, "stallproof.phase", str) in ("awaiting headers", "streaming")
 
 
-async def test_metrics_duration_and_inflight(fault_server: Any, make_client: Any) -> None:
+async def test_metrics_duration_and_inflight(fault_server: Any, make_client: MakeClient) -> None:
     reader = InMemoryMetricReader()
     client = make_client(fault_server.url(), meter_provider=MeterProvider(metric_readers=[reader]))
     await client.chat.completions.create(model="m", messages=MSGS)
@@ -192,7 +195,7 @@ async def test_metrics_duration_and_inflight(fault_server: Any, make_client: Any
 
 
 async def test_secrets_never_reach_spans_or_logs(
-    fault_server: Any, make_client: Any, spans: Any, caplog: pytest.LogCaptureFixture
+    fault_server: Any, make_client: MakeClient, spans: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="stallproof")
     provider, exporter = spans
@@ -215,7 +218,9 @@ async def test_secrets_never_reach_spans_or_logs(
 
 
 @pytest.mark.slow
-async def test_inflight_shows_where_each_call_is_stuck(fault_server: Any, make_client: Any) -> None:
+async def test_inflight_shows_where_each_call_is_stuck(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     """20 calls: stuck before headers, stuck mid-stream, and slow-but-alive streams."""
     client = make_client(fault_server.url(), timeout=stallproof.Timeouts(total=10))
     kinds = {
@@ -280,7 +285,9 @@ async def test_inflight_shows_where_each_call_is_stuck(fault_server: Any, make_c
     assert client.inflight() == ()  # everything ended: nothing left in the registry
 
 
-async def test_tag_context_variable_flows_into_calls(fault_server: Any, make_client: Any) -> None:
+async def test_tag_context_variable_flows_into_calls(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client = make_client(fault_server.url("healthy", delay=0.5))
     seen: list[stallproof.InflightCall] = []
 
@@ -298,7 +305,7 @@ async def test_tag_context_variable_flows_into_calls(fault_server: Any, make_cli
 
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_sigusr1_dumps_the_table(fault_server: Any, make_client: Any) -> None:
+async def test_sigusr1_dumps_the_table(fault_server: Any, make_client: MakeClient) -> None:
     client = make_client(fault_server.url("half_open", hold=10))
     out = io.StringIO()
     restore = stallproof.dump_on_signal(client, file=out, stalled_after=0.1)
@@ -325,7 +332,7 @@ async def test_sigusr1_dumps_the_table(fault_server: Any, make_client: Any) -> N
 
 
 async def test_breaker_changes_are_span_events(
-    fault_server: Any, fault_key: str, make_client: Any, spans: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient, spans: Any
 ) -> None:
     provider, exporter = spans
     client = make_client(

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import stallproof
 
-from ..support.clients import KEY
+from ..support.clients import KEY, MakeClient
 from ..support.rawserver import always, response
 
 pytestmark = pytest.mark.anyio
@@ -119,7 +119,7 @@ async def test_a_body_that_breaks_its_own_content_length_is_refused_with_a_clean
 
 
 async def test_a_bad_extra_header_on_client_is_refused_by_name(
-    raw_server: Any, make_client: Any, logs: pytest.LogCaptureFixture
+    raw_server: Any, make_client: MakeClient, logs: pytest.LogCaptureFixture
 ) -> None:
     srv = raw_server(always(response(200, b"{}")))
     client = make_client(srv.url)
@@ -132,7 +132,7 @@ async def test_a_bad_extra_header_on_client_is_refused_by_name(
 
 
 async def test_userinfo_in_base_url_shows_nowhere(
-    raw_server: Any, make_client: Any, logs: pytest.LogCaptureFixture
+    raw_server: Any, make_client: MakeClient, logs: pytest.LogCaptureFixture
 ) -> None:
     srv = raw_server(always(response(503, b'{"error": {"message": "down"}}')))
     exporter = InMemorySpanExporter()
@@ -170,7 +170,7 @@ async def test_the_sdk_error_chain_holds_no_authorization_header(raw_server: Any
 
 
 async def test_a_user_http_client_error_chain_holds_no_request(
-    raw_server: Any, make_client: Any
+    raw_server: Any, make_client: MakeClient
 ) -> None:
     """Errors from a caller's httpx client are translated without keeping httpx's error
     (whose .request has the Authorization header) as __context__."""

@@ -17,7 +17,7 @@ import pytest
 
 import stallproof
 
-from ..support.clients import assert_pool_clean
+from ..support.clients import MakeClient, assert_pool_clean
 from ..support.timing import MARGIN, stopwatch
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.anyio]
@@ -41,7 +41,7 @@ def _chain(error: BaseException) -> list[BaseException]:
     return seen
 
 
-async def test_pydantic_ai(fault_server: Any, make_client: Any) -> None:
+async def test_pydantic_ai(fault_server: Any, make_client: MakeClient) -> None:
     from pydantic_ai import Agent
 
     try:
@@ -70,7 +70,7 @@ async def test_pydantic_ai(fault_server: Any, make_client: Any) -> None:
     assert_pool_clean(stalled)
 
 
-async def test_openai_agents(fault_server: Any, make_client: Any) -> None:
+async def test_openai_agents(fault_server: Any, make_client: MakeClient) -> None:
     from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner
 
     def agent(client: stallproof.Client) -> Agent[None]:
@@ -97,7 +97,7 @@ async def test_openai_agents(fault_server: Any, make_client: Any) -> None:
 # autogen dumps the ParsedChatCompletion, whose generic ``parsed`` pydantic serialises with
 # this warning: openai.AsyncOpenAI's own parse() result does the same.
 @pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
-async def test_autogen_ext(fault_server: Any, make_client: Any) -> None:
+async def test_autogen_ext(fault_server: Any, make_client: MakeClient) -> None:
     """autogen-ext's `BaseOpenAIChatCompletionClient` takes the client as is; structured
     output goes through ``client.beta.chat.completions.parse``."""
     from autogen_core.models import CreateResult, ModelInfo, UserMessage

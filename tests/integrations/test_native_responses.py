@@ -17,11 +17,12 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from openai.types.responses import Response, ResponseCompletedEvent, ResponseTextDeltaEvent
 
 import stallproof
 
-from ..support.clients import assert_pool_clean, warm
+from ..support.clients import MakeClient, assert_pool_clean, warm
 from ..support.sdk_catalogue import BUDGET, LIMITS, OK, limit_of, outcome_of
 from ..support.timing import MARGIN
 
@@ -50,12 +51,14 @@ FAULT_PARAMS: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("fault", sorted(EXPECTED))
 async def test_responses_against_the_stall_faults(
-    fault: str, stream: bool, make_client: Any, fault_server: Any
+    fault: str, stream: bool, make_client: MakeClient, fault_server: Any
 ) -> None:
     client = make_client(fault_server.url(), timeout=BUDGET, limits=LIMITS, retry=None)
     await warm(client)
     url_path = fault_server.url(fault, hold=10, **FAULT_PARAMS.get(fault, {}))
-    extra = {"extra_headers": {"x-fault": url_path.split("/fault/")[1].split("/v1")[0]}}
+    extra: dict[str, Any] = {
+        "extra_headers": {"x-fault": url_path.split("/fault/")[1].split("/v1")[0]}
+    }
     outcome, limit = OK, BUDGET.total
     texts: list[str] = []
     last_event: float | None = None
@@ -63,6 +66,7 @@ async def test_responses_against_the_stall_faults(
     try:
         r = await client.responses.create(model="m", input="hi", stream=stream, **extra)
         if stream:
+            assert isinstance(r, stallproof.ResponseStream)
             async for event in r:
                 last_event = time.monotonic()
                 if isinstance(event, ResponseTextDeltaEvent):
@@ -86,7 +90,7 @@ async def test_responses_against_the_stall_faults(
 
 
 async def test_a_healthy_stream_is_typed_and_ends_at_its_last_event(
-    make_client: Any, fault_server: Any
+    make_client: MakeClient, fault_server: Any
 ) -> None:
     client = make_client(fault_server.url(), timeout=5, retry=None)
     stream = await client.responses.create(model="m", input="hello there", stream=True)
@@ -101,7 +105,7 @@ async def test_a_healthy_stream_is_typed_and_ends_at_its_last_event(
 
 
 async def test_an_error_event_raises_stream_error_event(
-    make_client: Any, fault_server: Any
+    make_client: MakeClient, fault_server: Any
 ) -> None:
     client = make_client(fault_server.url("error_event"), timeout=5, retry=None)
     stream = await client.responses.create(model="m", input="hi", stream=True)
@@ -111,7 +115,7 @@ async def test_an_error_event_raises_stream_error_event(
     assert_pool_clean(client)
 
 
-async def test_bad_arguments_are_refused_before_anything_is_sent(make_client: Any) -> None:
+async def test_bad_arguments_are_refused_before_anything_is_sent(make_client: MakeClient) -> None:
     client: stallproof.Client = make_client("http://127.0.0.1:9/v1")
     with pytest.raises(TypeError, match="max_token"):
         await client.responses.create(model="m", input="hi", max_token=5)  # type: ignore[call-overload]
@@ -121,7 +125,7 @@ async def test_bad_arguments_are_refused_before_anything_is_sent(make_client: An
         await client.responses.create(model="m", input="hi", stream="yes")  # type: ignore[call-overload]
 
 
-async def test_raw_and_streaming_responses(make_client: Any, fault_server: Any) -> None:
+async def test_raw_and_streaming_responses(make_client: MakeClient, fault_server: Any) -> None:
     client = make_client(fault_server.url(), timeout=5, retry=None)
     raw = await client.responses.with_raw_response.create(model="m", input="hi")
     assert raw.status_code == 200 and isinstance(raw.parse(), Response)
@@ -135,10 +139,10 @@ async def test_raw_and_streaming_responses(make_client: Any, fault_server: Any) 
 
 
 async def test_iter_lines_reads_a_stream_line_by_line_under_the_bounds(
-    make_client: Any, fault_server: Any
+    make_client: MakeClient, fault_server: Any
 ) -> None:
     client = make_client(fault_server.url(), timeout=5, retry=None)
-    msgs = [{"role": "user", "content": "hello there"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
     async with client.chat.completions.with_streaming_response.create(
         model="m", messages=msgs, stream=True
     ) as r:
@@ -151,9 +155,11 @@ async def test_iter_lines_reads_a_stream_line_by_line_under_the_bounds(
     assert_pool_clean(client)
 
 
-async def test_iter_bytes_in_pieces_read_and_json(make_client: Any, fault_server: Any) -> None:
+async def test_iter_bytes_in_pieces_read_and_json(
+    make_client: MakeClient, fault_server: Any
+) -> None:
     client = make_client(fault_server.url(), timeout=5, retry=None)
-    msgs = [{"role": "user", "content": "hello there"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
     async with client.chat.completions.with_streaming_response.create(
         model="m", messages=msgs
     ) as r:
@@ -177,14 +183,14 @@ async def test_iter_bytes_in_pieces_read_and_json(make_client: Any, fault_server
 
 
 async def test_iter_lines_of_a_trickled_stream_ends_at_idle(
-    make_client: Any, fault_server: Any
+    make_client: MakeClient, fault_server: Any
 ) -> None:
     client = make_client(
         fault_server.url("sse_stall", hold=10, tokens=2),
         timeout=stallproof.Timeouts(idle=0.5, total=5),
         retry=None,
     )
-    msgs = [{"role": "user", "content": "hi"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
     last = time.monotonic()
     with pytest.raises(stallproof.IdleTimeout):
         async with client.chat.completions.with_streaming_response.create(
@@ -197,10 +203,10 @@ async def test_iter_lines_of_a_trickled_stream_ends_at_idle(
 
 
 async def test_leaving_the_block_unread_releases_the_connection(
-    make_client: Any, fault_server: Any
+    make_client: MakeClient, fault_server: Any
 ) -> None:
     client = make_client(fault_server.url("sse_keepalive", hold=10), timeout=5, retry=None)
-    msgs = [{"role": "user", "content": "hi"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.APITimeoutError):  # first_token: keep-alives are not content
         async with client.chat.completions.with_streaming_response.create(
             model="m", messages=msgs, stream=True, timeout=stallproof.Timeouts(first_token=0.3)

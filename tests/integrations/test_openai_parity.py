@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ParsedChatCom
 
 import stallproof
 
-from ..support.clients import KEY, assert_pool_clean
+from ..support.clients import KEY, MakeClient, assert_pool_clean
 from ..support.timing import MARGIN, stopwatch
 
 pytestmark = [
@@ -224,7 +224,7 @@ async def test_agent_code_sees_the_same_with_openai_and_stallproof(fault_server:
 
 
 async def test_results_are_openai_types_and_fit_pydantic_fields(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url())
     resp = await client.chat.completions.create(
