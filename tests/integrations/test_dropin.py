@@ -104,6 +104,7 @@ async def test_message_objects_are_sent_as_openai_sends_them(
     tools: Any = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     first = await client.chat.completions.create(model="m", messages=MSGS, tools=tools)
     message = first.choices[0].message
+    assert message.tool_calls
     call = message.tool_calls[0]
     mine = ChatCompletionMessage(role="assistant", content="from openai's own type")
     messages: list[Any] = [

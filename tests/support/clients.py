@@ -98,7 +98,9 @@ class Sent:
         self.bodies.append(request.content)
 
 
-def spying_client(make_client: MakeClient, base_url: str, **kwargs: Any) -> tuple[Any, Sent]:
+def spying_client(
+    make_client: MakeClient, base_url: str, **kwargs: Any
+) -> tuple[stallproof.Client, Sent]:
     """A client that sends through an ``http_client`` whose event hook records each request
     (the public seam for seeing what goes on the wire)."""
     sent = Sent()
