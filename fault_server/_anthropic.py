@@ -29,7 +29,7 @@ from ._openai import (
     text_of,
 )
 from ._structured import json_answer
-from ._tools import messages_tool
+from ._tools import messages_tool, offered
 
 __all__ = ["PING", "error_event", "message", "message_error", "message_stream", "parse_messages"]
 
@@ -72,6 +72,7 @@ def parse_messages(body: bytes) -> ChatRequest:
             last_user = text
     system = text_of(data.get("system"))
     output = data.get("output_config")
+    last = messages[-1].get("content") if messages else None
     tool = read_tool(messages_tool, data)
     return ChatRequest(
         model=model,
@@ -80,6 +81,8 @@ def parse_messages(body: bytes) -> ChatRequest:
         stream=data.get("stream") is True,
         tool_name=tool.name if tool else None,
         tool_schema=tool.schema if tool else None,
+        last_text=_results_and_text(last),
+        tools=offered(messages_tool, data),
         max_tokens=max_tokens,
         api="messages",
         # structured outputs (messages.parse(output_format=...)): its JSON schema.
@@ -87,6 +90,18 @@ def parse_messages(body: bytes) -> ChatRequest:
             output.get("format") if isinstance(output, dict) else None, "echo: " + last_user
         ),
     )
+
+
+def _results_and_text(content: object) -> str:
+    """The text of a message's content, its ``tool_result`` blocks' included."""
+    if not isinstance(content, list):
+        return text_of(content)
+    results = [
+        text_of(block.get("content"))
+        for block in content
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    ]
+    return " ".join(t for t in (*results, text_of(content)) if t)
 
 
 def message(req: ChatRequest, tokens: int) -> Whole:

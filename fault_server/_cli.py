@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
@@ -25,7 +24,7 @@ from collections.abc import Sequence
 from ._control_api import catalogue
 from ._log_sink import StderrSink
 from ._proxy_recording import RecordingError
-from ._server import MAX_CONNECTIONS, FaultServer
+from ._server import MAX_CONNECTIONS, FaultServer, is_loopback
 
 __all__ = ["MODES", "TOKEN_ENV", "main"]
 
@@ -94,6 +93,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"require this token on the /_fault/ control API (default: ${TOKEN_ENV}, which "
         "keeps it out of the process list)",
     )
+    parser.add_argument(
+        "--fixtures",
+        metavar="FILE",
+        help="canned answers for the requests that match (JSON; see docs/fault_control.md)",
+    )
+    parser.add_argument(
+        "--insecure-open-control",
+        action="store_true",
+        help="bind beyond loopback WITHOUT a control token: anyone who can reach the port "
+        "can arm faults and read the journal (refused without this flag)",
+    )
     parser.add_argument("--list", action="store_true", help="print the fault catalogue and exit")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.mode == "proxy" and args.upstream is None:
@@ -101,11 +111,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         print(_format_catalogue())
         return 0
+    open_control = args.control_token is None and not is_loopback(args.host)
+    if open_control and not args.insecure_open_control:
+        parser.error(
+            f"binding {args.host}, which is not loopback, needs --control-token (or "
+            f"${TOKEN_ENV}): without one, anyone who can reach the port can arm faults "
+            "and read the journal; --insecure-open-control accepts that"
+        )
     sink = _log_to_stderr()
-    if not _is_loopback(args.host):
+    if not is_loopback(args.host):
         sink.write(
-            f"fault-server: warning: binding {args.host}, which is not loopback: anyone who can "
+            f"fault-server: WARNING: binding {args.host}, which is not loopback: anyone who can "
             "reach it can hold connections open on this machine"
+            + (
+                ", AND ARM FAULTS, CHANGE THE MIX AND READ THE JOURNAL: the control API has "
+                "no token (--insecure-open-control)"
+                if open_control
+                else "; the control API needs the token"
+            )
         )
     try:
         server = FaultServer(
@@ -118,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             replay=args.replay,
             max_connections=args.max_connections,
             control_token=args.control_token,
+            fixtures=args.fixtures,
+            insecure_open_control=args.insecure_open_control,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -187,15 +212,6 @@ def raise_fd_limit() -> int | None:
     except (OSError, ValueError):
         return None
     return int(soft)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _format_catalogue() -> str:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from ._json_depth import loads as loads_limited
 from ._structured import json_answer, tool_arguments
-from ._tools import Tool, ToolError, chat_tool
+from ._tools import Tool, ToolError, chat_tool, offered
 
 __all__ = [
     "DONE",
@@ -146,6 +146,13 @@ class ChatRequest:
     base64: bool = False
     json_text: str | None = None  # the answer to a JSON response format (`_structured`)
     tool_schema: Any = None  # the called tool's parameters schema (`_structured`)
+    # What a fixture (`_fixtures`) matches on: the last message's text, whatever its role
+    # (a tool's result too), and the names of the tools offered.
+    last_text: str = ""
+    tools: tuple[str, ...] = ()
+    # A fixture's canned answer: the reply's text, or the called tool's arguments (JSON).
+    reply: str | None = None
+    tool_arguments: str | None = None
 
 
 def parse_chat(body: bytes) -> ChatRequest:
@@ -186,6 +193,8 @@ def parse_chat(body: bytes) -> ChatRequest:
         tool_schema=tool.schema if tool else None,
         max_tokens=max_tokens,
         json_text=json_answer(data.get("response_format"), "echo: " + last_user),
+        last_text=texts[-1] if texts else "",
+        tools=offered(chat_tool, data),
     )
 
 
@@ -323,8 +332,16 @@ def pieces_of(req: ChatRequest, tokens: int) -> tuple[list[str], str]:
     """The answer's content in ``tokens`` pieces (text words, or the pieces of a tool call's
     arguments JSON) and its finish reason: ``stop``, ``length`` or ``tool_calls``."""
     finish, wanted = "stop", tokens
+    if req.reply is not None:
+        tokens = wanted = len(req.reply.split(" "))
     if req.max_tokens is not None and req.max_tokens < tokens:
         tokens, finish = req.max_tokens, "length"
+    if req.reply is not None:  # a fixture's: word by word, as it was written.
+        said = req.reply.split(" ")
+        pieces = [w if i == 0 else " " + w for i, w in enumerate(said)][:tokens]
+        return pieces, finish if len(pieces) < len(said) else "stop"
+    if req.tool_name is not None and req.tool_arguments is not None:
+        return _split(req.tool_arguments, tokens), "tool_calls"
     words = [w[:_MAX_WORD] for w in ("echo: " + req.text).split()][:tokens]
     real = len(words)
     while len(words) < tokens:

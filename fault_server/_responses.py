@@ -29,7 +29,7 @@ from ._openai import (
     text_of,
 )
 from ._structured import json_answer
-from ._tools import responses_tool
+from ._tools import offered, responses_tool
 
 __all__ = ["error_event", "parse_responses", "response", "response_stream"]
 
@@ -48,7 +48,7 @@ def parse_responses(body: bytes) -> ChatRequest:
     if isinstance(given, str):
         texts, last_user = [given], given
     elif isinstance(given, list) and all(isinstance(item, dict) for item in given):
-        texts = [text_of(item.get("content")) for item in given]
+        texts = [text_of(item.get("content", item.get("output"))) for item in given]
         users = [t for item, t in zip(given, texts, strict=True) if item.get("role") == "user"]
         last_user = users[-1] if users else ""
     else:
@@ -68,6 +68,8 @@ def parse_responses(body: bytes) -> ChatRequest:
         stream=data.get("stream") is True,
         tool_name=tool.name if tool else None,
         tool_schema=tool.schema if tool else None,
+        last_text=texts[-1] if texts else "",
+        tools=offered(responses_tool, data),
         max_tokens=max_tokens,
         api="responses",
         json_text=json_answer(

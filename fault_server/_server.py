@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import os
@@ -13,6 +14,7 @@ import anyio
 
 from ._control_guard import ControlGuard
 from ._control_surface import ServerControls
+from ._fixtures import load_fixtures
 from ._proxy import Upstream
 from ._proxy_replay import Replay
 from ._shutdown import collector_paused
@@ -24,7 +26,7 @@ from ._wire_connection import Connection
 from ._wire_refused import RefusedPort
 from ._wire_tls import TLS_SUPPORTED, TlsListener
 
-__all__ = ["FaultServer"]
+__all__ = ["FaultServer", "is_loopback"]
 
 logger = logging.getLogger("fault_server")
 
@@ -60,12 +62,18 @@ class FaultServer(ServerControls):
             accepting until one closes, and new clients wait in the kernel's backlog.
         control_token: if given, every ``/_fault/`` control request over HTTP must carry it
             (``Authorization: Bearer <token>`` or ``X-Fault-Token``); see `ControlGuard`.
+            Required to bind anything but loopback.
+        fixtures: a JSON file of fixtures (canned answers for the requests that match,
+            see `fault_server._fixtures`), loaded at once.
+        insecure_open_control: bind beyond loopback without a control token: anyone who can
+            reach the port can then arm faults and read the journal. Off by default.
 
     Raises:
         ValueError: for a port outside 0..65535, a max_hold that is not a positive number,
             an upstream that is not an http(s) URL, tls on Python 3.10, record without
-            upstream, replay with upstream, a max_connections below 1, or a control_token
-            that is empty or not printable ASCII.
+            upstream, replay with upstream, a max_connections below 1, a control_token
+            that is empty or not printable ASCII, a host beyond loopback without a control
+            token (unless insecure_open_control), or a bad fixtures file (`FaultSpecError`).
 
     Example:
         >>> async with FaultServer() as srv:  # doctest: +SKIP
@@ -84,7 +92,16 @@ class FaultServer(ServerControls):
         replay: str | os.PathLike[str] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         control_token: str | None = None,
+        fixtures: str | os.PathLike[str] | None = None,
+        insecure_open_control: bool = False,
     ) -> None:
+        if control_token is None and not insecure_open_control and not is_loopback(host):
+            raise ValueError(
+                f"binding {host!r}, which is not loopback, without a control token would let "
+                "anyone who can reach it arm faults and read the journal: give control_token= "
+                "(fault-server --control-token), or insecure_open_control=True "
+                "(--insecure-open-control) to accept that"
+            )
         if record is not None and upstream is None:
             raise ValueError("record= needs upstream=: it records a real server's answers")
         if replay is not None and upstream is not None:
@@ -115,6 +132,8 @@ class FaultServer(ServerControls):
             upstream=_upstream(upstream, record, replay),
             guard=ControlGuard(control_token),
         )
+        if fixtures is not None:
+            self._state.fixtures.add(load_fixtures(fixtures))
         self._counters = self._state.counters
         self._server: Acceptor | None = None
         self._address: tuple[str, int] | None = None
@@ -323,6 +342,17 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``), the only ones the control
+    API is open on without a token."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _peer(peer: object) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ._buckets import Buckets
 from ._control_guard import ControlGuard
 from ._control_worker import ControlWorker
+from ._fixtures import Fixtures
 from ._journal import Journal
 from ._metrics import Flights
 from ._mix import MixState
@@ -31,6 +32,7 @@ class ServerState:
     guard: ControlGuard = field(default_factory=ControlGuard)
     control: ControlWorker = field(default_factory=ControlWorker)
     flights: Flights = field(default_factory=Flights)
+    fixtures: Fixtures = field(default_factory=Fixtures)
 
     def reset(self) -> None:
         """Zero the counts, restart the sequences and the mix's draws, empty the journal,

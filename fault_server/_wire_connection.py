@@ -297,10 +297,8 @@ class Connection:
             if body is not None:
                 return await self._send(routed, request_id, log=log)
             return await self._refuse(routed, request_id, log)
-        hold = self._max_hold
-        if spec.get("hold") is not None:
-            hold = min(hold, spec.number("hold"))
         if spec.name == "half_open" and body is None:  # never read past the head.
+            hold = self._hold(spec)
             return await self._run(spec, None, LocalSource(None, 0), request_id, hold, log, flight)
         if body is None:
             body = await self._read_body(deadline)
@@ -318,8 +316,35 @@ class Connection:
             except RequestError as exc:
                 whole = path_error(path, 400, str(exc), param=exc.param)
                 return await self._send(whole, request_id, log=log)
+            if chat is not None and self._state.fixtures:
+                chat, spec = self._fixture(chat, spec, key, path, log)
             answers = LocalSource(chat, spec.integer("tokens"))
+        hold = self._hold(spec)
         return await self._run(spec, chat, answers, request_id, hold, log, flight)
+
+    def _hold(self, spec: FaultSpec) -> float:
+        """How long ``spec`` may keep the connection: its ``hold``, at most max_hold."""
+        hold = spec.get("hold")
+        return self._max_hold if hold is None else min(self._max_hold, spec.number("hold"))
+
+    def _fixture(
+        self, chat: ChatRequest, spec: FaultSpec, key: str | None, path: str, log: RequestLog
+    ) -> tuple[ChatRequest, FaultSpec]:
+        """``chat`` answered by the first matching fixture, and the fault that delivers it:
+        the fixture's, unless an ``X-Fault`` header or a scenario rule chose one."""
+        headers = {
+            name.decode("latin-1"): value.decode("latin-1").strip()
+            for name, value in (self._request.headers if self._request is not None else [])
+        }
+        fixture = self._state.fixtures.take(chat, key, path, headers)
+        if fixture is None:
+            return chat, spec
+        if fixture.fault is not None and log.source not in ("header", "scenario"):
+            if key is not None and log.source not in ("mix", "path"):
+                self._counters.key_faulted(key)
+            spec = _merged(fixture.fault, spec)
+            log.fault, log.source = str(spec), "fixture"
+        return fixture.answer(chat), spec
 
     def _armed(self, spec: FaultSpec, source: str, info: RequestInfo) -> tuple[FaultSpec, str]:
         """The fault armed on the server for this request, if any: a matching scenario rule

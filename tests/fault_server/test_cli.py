@@ -57,3 +57,23 @@ def test_the_control_token_from_a_flag_or_the_environment(how: str) -> None:
         )
     assert refused.status == 401, refused
     assert allowed.status == 200, allowed
+
+
+def test_beyond_loopback_without_a_token_is_a_usage_error() -> None:
+    refused = run_cli("--host", "0.0.0.0", "--port", "0")
+    assert refused.returncode == 2
+    assert "needs --control-token" in refused.stderr
+    assert "--insecure-open-control" in refused.stderr
+
+
+@pytest.mark.slow
+def test_insecure_open_control_says_so_loudly() -> None:
+    with cli_server("--host", "0.0.0.0", "--insecure-open-control", stderr=subprocess.PIPE) as (
+        base_url,
+        proc,
+    ):
+        assert raw_exchange(base_url, http_request("GET", "/_fault/stats")).status == 200
+        assert proc.stderr is not None
+        with proc.stderr:
+            warning = proc.stderr.readline().decode()
+    assert "WARNING" in warning and "ARM FAULTS" in warning
