@@ -32,7 +32,7 @@ from ._formats import lenient_request, parse_request, path_error, route
 from ._journal import ConnLog, RequestLog
 from ._metrics import Flight
 from ._openai import ChatRequest, RequestError, Whole, error
-from ._scenarios import RequestInfo
+from ._scenarios import RequestInfo, Rule
 from ._spec import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
 from ._state import ServerState
 from ._wire_exchange import (
@@ -113,7 +113,10 @@ class Connection:
     async def _accept_slowly(self) -> None:
         """Apply an armed connection-level fault (``slow_accept``, ``refuse``) before any
         request is read; `_Closed` when it refuses the connection."""
-        rule = self._state.scenarios.take_connection()
+        await self._connection_fault(self._state.scenarios.take_connection())
+
+    async def _connection_fault(self, rule: Rule | None) -> None:
+        """Apply ``rule``'s connection-level fault, if any; `_Closed` when it refuses."""
         if rule is None:
             return
         self._log.fault = str(rule.spec)
@@ -232,6 +235,8 @@ class Connection:
         except _Closed as exc:  # while reading the body: the client left, or was too slow.
             if exc.by == "client":
                 self._log.end_request(log, "client_closed" if exc.how == "fin" else "client_reset")
+            elif exc.how == "refused":  # a keyed `refuse`: the connection is reset.
+                self._log.end_request(log, "server_reset")
             else:
                 self._log.end_request(log, "hold_expired")
             raise
@@ -273,6 +278,11 @@ class Connection:
             invalid = path_error(path, 400, message, code="invalid_fault")
             return await self._refuse(invalid, request_id, log)
         key = spec.key or self._header(b"x-fault-key")
+        if key is not None and self._log.total == 1 and self._log.fault is None:
+            log.key = key
+            # A connection-level fault armed for this key (a test's scope) takes the
+            # connection whose first request carries it, and no other test's.
+            await self._connection_fault(self._state.scenarios.take_connection(key=key))
         body: bytes | None = None
         if source != "header":  # a header is the test's explicit word: nothing overrides it.
             info = RequestInfo(key=key, path=path, method=method)
