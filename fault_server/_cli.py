@@ -4,7 +4,8 @@
 forwards to a real OpenAI-compatible server and injects the faults into its answers.
 
 The first line of stdout is the ``/v1`` base URL (flushed at once, so a script can read it
-and go), the second the never-accepting listener's URL. Serves until SIGINT or SIGTERM.
+and go), the second the never-accepting listener's URL, then (with ``--tls``) the HTTPS
+URL, and last the refused port's URL. Serves until SIGINT or SIGTERM.
 Holding many connections needs file descriptors: the soft RLIMIT_NOFILE is raised to the
 hard limit at start.
 """
@@ -188,6 +189,7 @@ async def _serve(server: FaultServer, sink: StderrSink, tls: bool = False) -> No
         if tls:
             print(server.tls_url(), flush=True)
             sink.write(f"fault-server: TLS certificate to trust: {server.tls_cert}")
+        print(server.refused_url, flush=True)  # last: the lines before keep their places.
         mode = f"proxying {server.upstream}" if server.upstream else "serving"
         sink.write(f"fault-server: {mode}; Ctrl-C to stop; --list for faults")
         await stop.wait()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -77,3 +78,17 @@ def test_insecure_open_control_says_so_loudly() -> None:
         with proc.stderr:
             warning = proc.stderr.readline().decode()
     assert "WARNING" in warning and "ARM FAULTS" in warning
+
+
+@pytest.mark.slow
+def test_stdout_ends_with_the_refused_ports_url() -> None:
+    with cli_server() as (base_url, proc):
+        assert proc.stdout is not None
+        blackhole = proc.stdout.readline().decode().strip()
+        refused = proc.stdout.readline().decode().strip()
+    assert blackhole.startswith("http://127.0.0.1:") and blackhole.endswith("/v1")
+    assert refused.startswith("http://127.0.0.1:") and refused.endswith("/v1")
+    assert len({base_url, blackhole.removesuffix("/v1"), refused.removesuffix("/v1")}) == 3
+    host, port = refused.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5).close()
