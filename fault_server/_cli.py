@@ -83,6 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--replay", metavar="FILE", help="serve the answers recorded in FILE (by --record)"
     )
     parser.add_argument(
+        "--replay-speed",
+        type=float,
+        metavar="X",
+        help="with --replay: serve the answers with their recorded timing, X times faster "
+        "(1 as recorded); without it, as fast as the faults take them",
+    )
+    parser.add_argument(
         "--max-connections",
         type=int,
         default=MAX_CONNECTIONS,
@@ -144,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             control_token=args.control_token,
             fixtures=args.fixtures,
             insecure_open_control=args.insecure_open_control,
+            replay_speed=args.replay_speed,
         )
     except ValueError as exc:
         parser.error(str(exc))

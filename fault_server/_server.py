@@ -56,6 +56,9 @@ class FaultServer(ServerControls):
             certificate made at start (`tls_cert`); Python 3.11+.
         record: proxy mode: write each complete exchange with the upstream to this file
             (JSON Lines, emptied at start), for ``replay``.
+        replay_speed: with ``replay``, serve each answer with the timing it was recorded
+            with (its head, each event), this many times faster: 1.0 as recorded, 4.0 four
+            times faster; None (the default): as fast as the fault takes them.
         replay: serve the answers recorded in this file instead of making them up (or
             asking an upstream); faults apply to them as to a live upstream's.
         max_connections: most connections served at once; past it the server stops
@@ -94,6 +97,7 @@ class FaultServer(ServerControls):
         control_token: str | None = None,
         fixtures: str | os.PathLike[str] | None = None,
         insecure_open_control: bool = False,
+        replay_speed: float | None = None,
     ) -> None:
         if control_token is None and not insecure_open_control and not is_loopback(host):
             raise ValueError(
@@ -104,6 +108,16 @@ class FaultServer(ServerControls):
             )
         if record is not None and upstream is None:
             raise ValueError("record= needs upstream=: it records a real server's answers")
+        if replay_speed is not None and (
+            replay is None
+            or isinstance(replay_speed, bool)
+            or not isinstance(replay_speed, (int, float))
+            or not math.isfinite(replay_speed)
+            or replay_speed <= 0
+        ):
+            raise ValueError(
+                f"replay_speed must be a finite number > 0, with replay=; got {replay_speed!r}"
+            )
         if replay is not None and upstream is not None:
             raise ValueError("replay= serves recorded answers: give it or upstream=, not both")
         if tls and not TLS_SUPPORTED:
@@ -129,7 +143,7 @@ class FaultServer(ServerControls):
         self._max_connections = max_connections
         self._state = ServerState(
             self._max_hold,
-            upstream=_upstream(upstream, record, replay),
+            upstream=_upstream(upstream, record, replay, replay_speed),
             guard=ControlGuard(control_token),
         )
         if fixtures is not None:
@@ -317,10 +331,11 @@ def _upstream(
     url: str | None,
     record: str | os.PathLike[str] | None,
     replay: str | os.PathLike[str] | None,
+    speed: float | None = None,
 ) -> Upstream | None:
     """Where answers come from: an upstream (maybe recorded), a replay file, or nowhere."""
     if replay is not None:
-        return Replay(os.fspath(replay))
+        return Replay(os.fspath(replay), None if speed is None else float(speed))
     if url is not None:
         return Upstream(url, None if record is None else os.fspath(record))
     return None

@@ -29,7 +29,7 @@ class ServerThread(ServerControls):
 
     Args:
         host, port, max_hold, upstream, max_connections, control_token, fixtures,
-            insecure_open_control: as for `FaultServer`.
+            insecure_open_control, replay_speed: as for `FaultServer`.
 
     Example:
         >>> with fault_server.running() as srv:  # doctest: +SKIP
@@ -50,6 +50,7 @@ class ServerThread(ServerControls):
         control_token: str | None = None,
         fixtures: str | os.PathLike[str] | None = None,
         insecure_open_control: bool = False,
+        replay_speed: float | None = None,
     ) -> None:
         self._server = FaultServer(
             host=host,
@@ -63,6 +64,7 @@ class ServerThread(ServerControls):
             control_token=control_token,
             fixtures=fixtures,
             insecure_open_control=insecure_open_control,
+            replay_speed=replay_speed,
         )
         self._state = self._server._state  # the same thread-safe state: the same controls.
         self._thread: threading.Thread | None = None
@@ -183,6 +185,7 @@ def running(
     control_token: str | None = None,
     fixtures: str | os.PathLike[str] | None = None,
     insecure_open_control: bool = False,
+    replay_speed: float | None = None,
 ) -> Iterator[ServerThread]:
     """Run a `FaultServer` in a daemon thread for the duration of a ``with`` block.
 
@@ -202,6 +205,7 @@ def running(
         control_token=control_token,
         fixtures=fixtures,
         insecure_open_control=insecure_open_control,
+        replay_speed=replay_speed,
     )
     thread.start()
     try:
