@@ -256,9 +256,9 @@ class ServerControls:
         """The loaded fixtures, in order, with their uses left."""
         return self._state.fixtures.fixtures()
 
-    def clear_fixtures(self) -> int:
-        """Unload every fixture; returns how many."""
-        return self._state.fixtures.clear()
+    def clear_fixtures(self, key: str | None = None) -> int:
+        """Unload every fixture, or those matching ``key``; returns how many."""
+        return self._state.fixtures.clear(key)
 
     # -- journal and verdicts ------------------------------------------------------------
 
@@ -295,8 +295,9 @@ class ServerControls:
 
     def forget(self, key: str) -> dict[str, int]:
         """Drop everything the server keeps for ``key``: its journal entries, its counts
-        (its ``first=N`` sequence starts over), its mix draws and its rules. Safe from any
-        thread. Returns how many ``requests``, ``counts``, ``rules`` and ``draws`` went."""
+        (its ``first=N`` sequence starts over), its mix draws, its rules and its fixtures.
+        Safe from any thread. Returns how many ``requests``, ``counts``, ``rules``,
+        ``draws`` and ``fixtures`` went."""
         return self._state.forget(key)
 
     def scope(self, key: str) -> FaultScope:

@@ -386,9 +386,11 @@ class Fixtures:
             self._live = []
         self.add(fixtures)
 
-    def clear(self) -> int:
+    def clear(self, key: str | None = None) -> int:
+        """Unload every fixture (or those whose match has ``key``); returns how many."""
         with self._lock:
-            count, self._live = len(self._live), []
+            kept = [] if key is None else [f for f in self._live if f.fixture.match.key != key]
+            count, self._live = len(self._live) - len(kept), kept
             return count
 
     def fixtures(self) -> tuple[Fixture, ...]:

@@ -44,10 +44,11 @@ class ServerState:
 
     def forget(self, key: str) -> dict[str, int]:
         """Drop everything kept for ``key``: its journal entries, counts (its ``first=N``
-        sequence), mix draws and rules. Returns how much of each went."""
+        sequence), mix draws, rules and fixtures. Returns how much of each went."""
         return {
             "requests": self.journal.forget(key),
             "counts": int(self.counters.forget(key)),
             "rules": self.scenarios.clear(key),
             "draws": int(self.mix.forget(key)),
+            "fixtures": self.fixtures.clear(key),
         }

@@ -13,7 +13,7 @@ import pydantic
 import pytest
 
 import fault_server
-from fault_server import FaultSpecError, ServerThread
+from fault_server import FaultScope, FaultSpecError, ServerThread
 
 pytestmark = pytest.mark.usefixtures("no_server_errors")
 
@@ -140,3 +140,20 @@ def test_a_bad_fixtures_file_refuses_to_start(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(FaultSpecError, match="not valid JSON"):
         fault_server.FaultServer(fixtures=bad)
+
+
+def test_a_scopes_fixtures_answer_only_its_key_and_go_with_it(
+    fault_server: ServerThread, fault_scope: FaultScope
+) -> None:
+    fault_scope.fixture(contains="hi", reply="for this test only")
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    mine = httpx.post(fault_scope.url() + "/chat/completions", json=chat).json()
+    other = httpx.post(fault_server.url() + "/chat/completions", json=chat).json()
+    assert mine["choices"][0]["message"]["content"] == "for this test only"
+    assert other["choices"][0]["message"]["content"].startswith("echo: hi")
+    (loaded,) = fault_scope.fixtures()
+    assert loaded.match.key == fault_scope.key and loaded.used == 1
+    with pytest.raises(FaultSpecError, match="sets 'key' itself"):
+        fault_scope.fixture(key="other", reply="x")
+    fault_scope.forget()
+    assert fault_scope.fixtures() == ()
