@@ -317,7 +317,10 @@ def load_fixtures(path: str | os.PathLike[str]) -> list[Fixture]:
     try:
         parsed = loads_limited(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise FaultSpecError(f"the fixtures file is not valid JSON: {exc}") from None
+        hint = ""
+        if os.fspath(path).endswith((".yaml", ".yml")):
+            hint = " (fixtures files are JSON: no YAML parser is among fault_server's needs)"
+        raise FaultSpecError(f"the fixtures file is not valid JSON{hint}: {exc}") from None
     return fixtures_of(parsed, "file")
 
 

@@ -140,6 +140,14 @@ def test_a_bad_fixtures_file_refuses_to_start(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(FaultSpecError, match="not valid JSON"):
         fault_server.FaultServer(fixtures=bad)
+    yaml = tmp_path / "fixtures.yaml"
+    yaml.write_text("fixtures:\n  - reply: hi\n")
+    with pytest.raises(FaultSpecError, match="fixtures files are JSON"):
+        fault_server.FaultServer(fixtures=yaml)
+    huge = tmp_path / "huge.json"
+    huge.write_bytes(b" " * (8 * 1024 * 1024 + 1))
+    with pytest.raises(FaultSpecError, match="larger than"):
+        fault_server.FaultServer(fixtures=huge)
 
 
 def test_a_scopes_fixtures_answer_only_its_key_and_go_with_it(
