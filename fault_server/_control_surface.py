@@ -184,6 +184,7 @@ class ServerControls:
         *,
         reply: str | None = None,
         tool_call: Mapping[str, Any] | None = None,
+        tool_calls: Sequence[Mapping[str, Any]] | None = None,
         fault: str | FaultSpec | None = None,
         times: int | None = None,
         fixture_id: str | None = None,
@@ -201,6 +202,7 @@ class ServerControls:
         Args:
             reply: the assistant's text.
             tool_call: ``{"name": ..., "arguments": {...}}``: the answer calls it.
+            tool_calls: several such calls, made at once (parallel tool calls).
             fault: the fault that delivers the answer.
             times: how many requests it answers; None for all of them.
             fixture_id: names it; loading the same id again replaces it.
@@ -228,6 +230,7 @@ class ServerControls:
             "match": {k: v for k, v in match.items() if v is not None},
             "reply": reply,
             "tool_call": None if tool_call is None else dict(tool_call),
+            "tool_calls": None if tool_calls is None else [dict(c) for c in tool_calls],
             "fault": None if fault is None else str(fault),
             "times": times,
         }

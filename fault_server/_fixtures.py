@@ -2,7 +2,8 @@
 
 A fixture is a `FixtureMatch` (model, the last message's text by substring or regex, tools
 offered, headers, key, path) and an answer: a ``reply`` (the assistant's text), a
-``tool_call`` (a function name and its arguments), or neither, with a ``fault`` that
+``tool_call`` (a function name and its arguments; ``tool_calls``, several at once), or
+neither, with a ``fault`` that
 delivers it (``status;code=503``, ``token_rate;tps=5``...). Requests take the first
 fixture that matches and has uses left (``times``), as they take scenario rules.
 
@@ -49,7 +50,8 @@ MAX_FILE = 8 * 1024 * 1024
 MAX_PATTERN = 1000
 MAX_TEXT = 64 * 1024  # characters of a message's text a pattern is matched against.
 _MATCH_FIELDS = ("model", "contains", "regex", "tools", "headers", "key", "path")
-_FIELDS = ("id", "match", "reply", "tool_call", "fault", "times")
+_FIELDS = ("id", "match", "reply", "tool_call", "tool_calls", "fault", "times")
+MAX_CALLS = 16  # tool calls in one answer.
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +127,8 @@ class Fixture:
         id: names it; adding a fixture with an id already loaded replaces it.
         match: which requests it answers.
         reply: the assistant's text (the whole answer, word by word when streamed).
-        tool_call: ``(name, arguments JSON)``: the answer calls this function.
+        tool_calls: ``(name, arguments JSON)`` of each function the answer calls, in order
+            (parallel tool calls when there are several).
         fault: the fault that delivers the answer (healthy if None); a request's own
             ``X-Fault`` header and a scenario rule win over it, as over a path's fault.
         times: how many requests it answers; None for every one.
@@ -135,7 +138,7 @@ class Fixture:
     id: str
     match: FixtureMatch = field(default_factory=FixtureMatch)
     reply: str | None = None
-    tool_call: tuple[str, str] | None = None
+    tool_calls: tuple[tuple[str, str], ...] = ()
     fault: FaultSpec | None = None
     times: int | None = None
     remaining: int | None = None
@@ -146,10 +149,12 @@ class Fixture:
             raise FaultSpecError(f"fixture id must be a non-empty string, got {self.id!r}")
         if self.reply is not None and not isinstance(self.reply, str):
             raise FaultSpecError(f"'reply' must be a string, got {self.reply!r}")
-        if self.reply is not None and self.tool_call is not None:
+        if self.reply is not None and self.tool_calls:
             raise FaultSpecError("a fixture answers a 'reply' or a 'tool_call', not both")
-        if self.reply is None and self.tool_call is None and self.fault is None:
+        if self.reply is None and not self.tool_calls and self.fault is None:
             raise FaultSpecError("a fixture needs a 'reply', a 'tool_call' or a 'fault'")
+        if len(self.tool_calls) > MAX_CALLS:
+            raise FaultSpecError(f"a fixture makes at most {MAX_CALLS} tool calls")
         times = self.times
         if times is not None and (isinstance(times, bool) or not isinstance(times, int)):
             raise FaultSpecError(f"'times' must be a positive integer or null, got {times!r}")
@@ -167,23 +172,29 @@ class Fixture:
             object.__setattr__(self, "remaining", times - self.used)
 
     def answer(self, chat: ChatRequest) -> ChatRequest:
-        """``chat`` with this fixture's reply or tool call as its answer."""
+        """``chat`` with this fixture's reply or tool calls as its answer."""
         if self.reply is not None:
             return _replace(chat, reply=self.reply, tool_name=None, json_text=None)
-        if self.tool_call is not None:
-            name, arguments = self.tool_call
-            return _replace(chat, tool_name=name, tool_arguments=arguments, json_text=None)
+        if self.tool_calls:
+            (name, arguments), *more = self.tool_calls
+            return _replace(
+                chat,
+                tool_name=name,
+                tool_arguments=arguments,
+                more_calls=tuple(more),
+                json_text=None,
+            )
         return chat
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "match": self.match.as_dict()}
         if self.reply is not None:
             out["reply"] = self.reply
-        if self.tool_call is not None:
-            out["tool_call"] = {
-                "name": self.tool_call[0],
-                "arguments": json.loads(self.tool_call[1]),
-            }
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"name": name, "arguments": json.loads(arguments)}
+                for name, arguments in self.tool_calls
+            ]
         if self.fault is not None:
             out["fault"] = str(self.fault)
         out.update(times=self.times, remaining=self.remaining, used=self.used)
@@ -202,7 +213,7 @@ class Fixture:
             id=data.get("id", default_id),
             match=_match_of(data.get("match")),
             reply=data.get("reply"),
-            tool_call=_tool_call_of(data.get("tool_call")),
+            tool_calls=_tool_calls_of(data),
             fault=None if fault is None else spec_of(fault),
             times=data.get("times"),
         )
@@ -238,9 +249,21 @@ def _fields(data: object, what: str, kind: str, known: tuple[str, ...]) -> dict[
     return data
 
 
-def _tool_call_of(call: object) -> tuple[str, str] | None:
-    if call is None:
-        return None
+def _tool_calls_of(data: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """``tool_call`` (one) or ``tool_calls`` (a list), validated."""
+    if data.get("tool_call") is not None and data.get("tool_calls") is not None:
+        raise FaultSpecError("give 'tool_call' (one) or 'tool_calls' (a list), not both")
+    if data.get("tool_call") is not None:
+        return (_tool_call_of(data["tool_call"]),)
+    calls = data.get("tool_calls")
+    if calls is None:
+        return ()
+    if not isinstance(calls, list) or not calls:
+        raise FaultSpecError(f"'tool_calls' must be a non-empty list, got {calls!r}")
+    return tuple(_tool_call_of(call) for call in calls)
+
+
+def _tool_call_of(call: object) -> tuple[str, str]:
     if not isinstance(call, dict) or set(call) - {"name", "arguments"} or "name" not in call:
         raise FaultSpecError(
             f'\'tool_call\' must be {{"name": ..., "arguments": {{...}}}}, got {call!r}'

@@ -154,6 +154,7 @@ class ChatRequest:
     # A fixture's canned answer: the reply's text, or the called tool's arguments (JSON).
     reply: str | None = None
     tool_arguments: str | None = None
+    more_calls: tuple[tuple[str, str], ...] = ()  # (name, arguments JSON) after the first.
 
 
 def parse_chat(body: bytes) -> ChatRequest:
@@ -220,7 +221,10 @@ def completion(req: ChatRequest, tokens: int) -> Whole:
     message: dict[str, Any] = {"role": "assistant", "content": "".join(pieces), "refusal": None}
     if req.tool_name is not None:
         message["content"] = None
-        message["tool_calls"] = [_tool_call(req.tool_name, "".join(pieces))]
+        message["tool_calls"] = [
+            _tool_call(req.tool_name, "".join(pieces)),
+            *(_tool_call(name, arguments) for name, arguments in req.more_calls),
+        ]
     payload = {
         "id": _new_id(),
         "object": "chat.completion",
@@ -251,6 +255,10 @@ def completion_stream(req: ChatRequest, tokens: int) -> EventStream:
         events = [frame({"role": "assistant", "content": None, "tool_calls": [call | _I0]})]
         events += [
             frame({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}) for p in pieces
+        ]
+        events += [  # a fixture's further calls, each whole in one chunk.
+            frame({"tool_calls": [{"index": i, **_tool_call(name, arguments)}]})
+            for i, (name, arguments) in enumerate(req.more_calls, 1)
         ]
     events.append(frame({}, finish))
     if req.include_usage:

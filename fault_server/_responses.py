@@ -113,10 +113,22 @@ def response_stream(req: ChatRequest, tokens: int) -> EventStream:
             _event(seq, "response.function_call_arguments.delta", **where, delta=p) for p in pieces
         ]
         closing = [_event(seq, "response.function_call_arguments.done", **where, arguments=text)]
-    closing += [
-        _event(seq, "response.output_item.done", output_index=0, item=answer.item(text)),
-        _event(seq, "response.completed", response=answer.response(text)),
-    ]
+    closing.append(_event(seq, "response.output_item.done", output_index=0, item=answer.item(text)))
+    for index, call in enumerate(answer.more, 1):  # a fixture's further calls, each whole.
+        more = {"item_id": call["id"], "output_index": index}
+        arguments = call["arguments"]
+        closing += [
+            _event(
+                seq,
+                "response.output_item.added",
+                output_index=index,
+                item={**call, "status": "in_progress", "arguments": ""},
+            ),
+            _event(seq, "response.function_call_arguments.delta", **more, delta=arguments),
+            _event(seq, "response.function_call_arguments.done", **more, arguments=arguments),
+            _event(seq, "response.output_item.done", output_index=index, item=call),
+        ]
+    closing.append(_event(seq, "response.completed", response=answer.response(text)))
 
     def chunker(delta: dict[str, Any], finish_reason: str | None) -> bytes:
         if finish_reason is not None:
@@ -148,6 +160,17 @@ class _Answer:
         self.created = int(time.time())
         self.finish = finish
         self.output_tokens = output_tokens
+        self.more = [  # a fixture's calls after the first, complete.
+            {
+                "id": "fc_" + secrets.token_hex(12),
+                "type": "function_call",
+                "status": "completed",
+                "call_id": "call_" + secrets.token_hex(12),
+                "name": name,
+                "arguments": arguments,
+            }
+            for name, arguments in req.more_calls
+        ]
 
     def item(self, text: str | None) -> dict[str, Any]:
         """The output item; ``text`` None while in progress."""
@@ -189,7 +212,7 @@ class _Answer:
             "created_at": self.created,
             "status": status,
             "model": self.req.model,
-            "output": [self.item(text)] if done else [],
+            "output": [self.item(text), *self.more] if done else [],
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": [],

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pydantic
 import pytest
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
 import fault_server
 from fault_server import FaultScope, FaultSpecError, ServerThread
@@ -165,3 +168,53 @@ def test_a_scopes_fixtures_answer_only_its_key_and_go_with_it(
         fault_scope.fixture(key="other", reply="x")
     fault_scope.forget()
     assert fault_scope.fixtures() == ()
+
+
+class Lookup(pydantic.BaseModel):
+    """Look a word up."""
+
+    word: str
+
+
+def test_parallel_tool_calls_through_every_sdk(own: ServerThread) -> None:
+    calls = [
+        {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}},
+        {"name": "lookup", "arguments": {"word": "umbrella"}},
+    ]
+    own.fixture(contains="two things", tool_calls=calls)
+    said: Any = [{"role": "user", "content": "two things, please"}]
+    tools = [
+        openai.pydantic_function_tool(GetWeather, name="get_weather"),
+        openai.pydantic_function_tool(Lookup, name="lookup"),
+    ]
+    expected = [GetWeather(city="Paris", unit="c"), Lookup(word="umbrella")]
+    with openai.OpenAI(base_url=own.url(), api_key="x", max_retries=0) as client:
+        parsed = client.chat.completions.parse(model="m", messages=said, tools=tools)
+        with client.chat.completions.stream(model="m", messages=said, tools=tools) as stream:
+            streamed = stream.get_final_completion()
+        for completion in (parsed, streamed):
+            made = completion.choices[0].message.tool_calls or []
+            assert [c.function.parsed_arguments for c in made] == expected
+            assert len({c.id for c in made}) == 2
+        response = client.responses.parse(model="m", input="two things", tools=tools)
+        with client.responses.stream(model="m", input="two things", tools=tools) as events:
+            final = events.get_final_response()
+        for answer in (response, final):
+            assert [item.parsed_arguments for item in answer.output] == expected  # type: ignore[union-attr]
+    with anthropic.Anthropic(base_url=own.base_url, api_key="x", max_retries=0) as claude:
+        message = claude.messages.create(model="c", max_tokens=50, messages=said)
+        with claude.messages.stream(model="c", max_tokens=50, messages=said) as stream:
+            final_message = stream.get_final_message()
+    for reply in (message, final_message):
+        assert [(b.type, b.name, b.input) for b in reply.content] == [  # type: ignore[union-attr]
+            ("tool_use", c["name"], c["arguments"]) for c in calls
+        ]
+        assert reply.stop_reason == "tool_use"
+    # Every streamed Responses event validates strictly, numbered on across the calls.
+    body = {"model": "m", "input": "two things", "stream": True}
+    raw = httpx.post(own.url() + "/responses", json=body).text
+    events = [
+        json.loads(line[len("data: ") :]) for line in raw.splitlines() if line.startswith("data: ")
+    ]
+    adapter = TypeAdapter(ResponseStreamEvent)
+    assert [adapter.validate_python(e).sequence_number for e in events] == list(range(len(events)))
