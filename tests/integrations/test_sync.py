@@ -203,6 +203,33 @@ def test_a_sync_deadline_covers_two_calls(fault_server: Any, face: Any) -> None:
     assert isinstance(cause, stallproof.DeadlineExceeded) and cause.scope == "turn"
 
 
+def test_the_engine_retries_sync_calls_and_the_sdk_does_not(
+    fault_server: Any, fault_key: str, face: Any
+) -> None:
+    fast = stallproof.Retry(attempts=3, backoff_base=0.01, backoff_max=0.02)
+    client = face(fault_server.url("status", code=503, first=2, key=fault_key), retry=fast)
+    assert ask(client, stream=False).choices  # two 503s, then healthy: inside the engine
+    assert fault_server.key_stats(fault_key).requests == 3
+
+
+def test_engine_retries_stay_inside_a_sync_deadline(
+    fault_server: Any, fault_key: str, face: Any
+) -> None:
+    many = stallproof.Retry(attempts=10, backoff_base=0.05, backoff_max=0.1)
+    url = fault_server.url("stall_headers", hold=HOLD, key=fault_key)
+    # first_token (0.6 s) fails the first attempt; the retry runs into the deadline.
+    client = face(url, timeout=BUDGET.replace(total=30), retry=many)
+    with (
+        stopwatch() as elapsed,
+        pytest.raises(openai.APITimeoutError) as info,
+        stallproof.deadline(1.0),
+    ):
+        ask(client, stream=False)
+    assert isinstance(info.value.__cause__, stallproof.DeadlineExceeded)
+    assert elapsed[0] <= 1.0 + MARGIN
+    assert fault_server.key_stats(fault_key).requests == 2
+
+
 def test_a_spent_sync_deadline_fails_the_next_call_at_once(fault_server: Any, face: Any) -> None:
     client = face(fault_server.url(), timeout=30)
     with stallproof.deadline(0.2):
