@@ -213,8 +213,8 @@ def test_parallel_tool_calls_through_every_sdk(own: ServerThread) -> None:
     # Every streamed Responses event validates strictly, numbered on across the calls.
     body = {"model": "m", "input": "two things", "stream": True}
     raw = httpx.post(own.url() + "/responses", json=body).text
-    events = [
+    sent = [
         json.loads(line[len("data: ") :]) for line in raw.splitlines() if line.startswith("data: ")
     ]
     adapter = TypeAdapter(ResponseStreamEvent)
-    assert [adapter.validate_python(e).sequence_number for e in events] == list(range(len(events)))
+    assert [adapter.validate_python(e).sequence_number for e in sent] == list(range(len(sent)))
