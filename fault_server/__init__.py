@@ -10,6 +10,9 @@ and judges the client from it (`FaultServer.verdict`). With ``upstream=`` it is 
 injects the same faults into a real server's answers, and can record them for ``replay=``.
 Besides OpenAI chat completions it speaks Anthropic Messages, the OpenAI Responses API,
 embeddings and the model list; with ``tls=True`` it serves all of it over TLS as well.
+Fixtures (`FaultServer.fixture`, ``fixtures=FILE``) script whole conversations: canned
+replies and tool calls for the requests that match; ``GET /metrics`` shows the requests in
+flight to Prometheus, under vLLM's and SGLang's names too.
 
 Example:
     >>> from fault_server import FaultServer
@@ -75,6 +78,7 @@ module                      what is in it
 
 from __future__ import annotations
 
+from ._fixtures import Fixture, FixtureMatch
 from ._journal import ConnectionRecord, RequestRecord
 from ._mix import Mix
 from ._proxy_recording import RecordingError
@@ -102,6 +106,8 @@ __all__ = [
     "FaultServer",
     "FaultSpec",
     "FaultSpecError",
+    "Fixture",
+    "FixtureMatch",
     "GENERIC_PARAMS",
     "KeyStats",
     "Match",

@@ -508,7 +508,12 @@ class Journal:
             with self.lock:
                 groups = [(conn, conn.requests) for conn in self._conns.values()]
                 chosen, cursor = _take_page(groups, after, limit)
-        return tuple(_freeze_connection(conn, logs) for conn, logs in chosen), cursor
+        frozen = []
+        for i, (conn, logs) in enumerate(chosen):
+            frozen.append(_freeze_connection(conn, logs))
+            if i % 64 == 63:
+                time.sleep(0)  # off the loop, let it take the GIL at once (`_control_worker`).
+        return tuple(frozen), cursor
 
     def _smallest(self, filters: Filters) -> Iterable[RequestLog]:
         """The requests of the smallest index bucket among ``filters`` (the lock is held)."""

@@ -349,14 +349,15 @@ class Connection:
         """``chat`` answered by the first matching fixture, and the fault that delivers it:
         the fixture's, unless an ``X-Fault`` header or a scenario rule chose one."""
         headers = {
-            name.decode("latin-1"): value.decode("latin-1").strip()
-            for name, value in (self._request.headers if self._request is not None else [])
+            k.decode("latin-1"): v.decode("latin-1").strip() for k, v in self._fields.items()
         }
         fixture = self._state.fixtures.take(chat, key, path, headers)
         if fixture is None:
             return chat, spec
         if fixture.fault is not None and log.source not in ("header", "scenario"):
-            if key is not None and log.source not in ("mix", "path"):
+            # Counted as faulted once: the mix's draw and a path's own fault already were.
+            counted = log.source == "mix" or (log.source == "path" and _is_fault(spec))
+            if key is not None and not counted:
                 self._counters.key_faulted(key)
             spec = _merged(fixture.fault, spec)
             log.fault, log.source = str(spec), "fixture"
@@ -385,7 +386,7 @@ class Connection:
             first = spec.first
             if first is not None and ordinal > first:
                 return FaultSpec()
-            if spec.name != "healthy" or set(spec.params) - {"key"}:  # more than a key
+            if _is_fault(spec):
                 self._counters.key_faulted(key)
         elif source in ("scenario", "mix"):
             self._counters.key_faulted(key)
@@ -577,6 +578,11 @@ def _with_body(info: RequestInfo, body: bytes) -> RequestInfo:
     if chat is None:
         return info
     return RequestInfo(info.key, info.path, info.method, chat.stream, chat.model)
+
+
+def _is_fault(spec: FaultSpec) -> bool:
+    """Whether a request's own spec is a fault: more than ``healthy`` with a key."""
+    return spec.name != "healthy" or bool(set(spec.params) - {"key"})
 
 
 def _merged(chosen: FaultSpec, requested: FaultSpec) -> FaultSpec:

@@ -16,9 +16,10 @@ import httpx
 import openai
 import pytest
 
+import fault_server
 from fault_server import FaultScope, FaultSpecError, KeyStats, ServerThread, Verdict
 
-from ..support.timing import wait_until_sync
+from ..support.timing import MARGIN, wait_until_sync
 from ..support.wire import CHAT, ROOT, STREAM, Raw, chat_path, request
 
 pytestmark = pytest.mark.usefixtures("no_server_errors")
@@ -434,13 +435,13 @@ def test_a_scoped_refuse_takes_only_its_own_tests_connection(own: ServerThread) 
 
 def test_a_scoped_slow_accept_delays_only_its_own_tests_connection(own: ServerThread) -> None:
     scope = own.scope("test-a")
-    scope.scenario("slow_accept", pause=1.0, times=1)
+    scope.scenario("slow_accept", pause=2.0, times=1)
     start = time.monotonic()
     assert codes(own.url(), 1) == [200]
-    assert time.monotonic() - start < 0.9
+    assert time.monotonic() - start < 2.0 - MARGIN  # not the 2 s pause: not its fault.
     start = time.monotonic()
     assert codes(scope.url(), 1) == [200]
-    assert time.monotonic() - start >= 1.0
+    assert time.monotonic() - start >= 2.0
 
 
 def test_connection_rules_match_a_key_only(own: ServerThread) -> None:
@@ -452,19 +453,19 @@ def test_connection_rules_match_a_key_only(own: ServerThread) -> None:
 
 @pytest.mark.slow
 def test_ten_thousand_armed_rules_cost_a_healthy_request_little(own: ServerThread) -> None:
-    def cost(n: int) -> float:
-        """The median seconds of a keep-alive request with ``n`` rules armed by others."""
-        own.clear_scenarios()
-        for i in range(n):
-            own.scenario("status", code=503, key=f"other-{i}", rule_id=f"r{i}")
-        with httpx.Client() as client:
-            times = []
-            for _ in range(200):
+    """Requests alternate between a bare server and one with 10,000 rules armed by other
+    keys, so that the load of a busy machine weighs on both medians alike."""
+    for i in range(10_000):
+        own.scenario("status", code=503, key=f"other-{i}", rule_id=f"r{i}")
+    with fault_server.running(port=0, max_hold=5.0) as bare, httpx.Client() as client:
+        times: dict[str, list[float]] = {"bare": [], "armed": []}
+        pair = [("bare", bare), ("armed", own)]
+        for _ in range(300):
+            pair.reverse()  # neither goes first every time.
+            for name, server in pair:
                 start = time.monotonic()
-                assert client.get(own.url(key="mine") + "/models").status_code == 200
-                times.append(time.monotonic() - start)
-        return sorted(times)[len(times) // 2]
-
-    bare = cost(0)
-    armed = cost(10_000)
-    assert armed - bare < 0.001, f"{(armed - bare) * 1000:.2f} ms more per request"
+                assert client.get(server.url(key="mine") + "/models").status_code == 200
+                times[name].append(time.monotonic() - start)
+    bare_median, armed_median = (sorted(t)[len(t) // 2] for t in times.values())
+    more = armed_median - bare_median
+    assert more < 0.001, f"{more * 1000:.2f} ms more per request"
