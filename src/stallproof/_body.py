@@ -370,13 +370,19 @@ class ResponseBody:
         self._raw = None
         if raw is not None or pool_response is not None:
             with anyio.move_on_after(_CLOSE_BOUND, shield=True):
-                if raw is not None:
-                    # Finalise the body iterator now rather than at garbage collection.
-                    with contextlib.suppress(Exception):
-                        await aclose_iterator(raw)
-                if pool_response is not None:
-                    with contextlib.suppress(Exception):
-                        await pool_response.aclose()
+                try:
+                    if raw is not None:
+                        # Finalise the body iterator now rather than at garbage collection.
+                        with contextlib.suppress(Exception):
+                            await aclose_iterator(raw)
+                finally:
+                    # In a ``finally``: an anyio shield does not stop asyncio's own
+                    # ``Task.cancel()`` (asyncio.timeout, wait_for, TaskGroup), and a close
+                    # it interrupts must still hand the connection back (the pool's
+                    # bookkeeping runs before its first await: see `_wire._pool._Body`).
+                    if pool_response is not None:
+                        with contextlib.suppress(Exception):
+                            await pool_response.aclose()
 
     def __del__(self) -> None:
         # Dropped without being read to the end or closed: the call's permit and its
