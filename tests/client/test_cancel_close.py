@@ -38,8 +38,9 @@ def _whole(stats: Any) -> bool:
     return bool(stats.in_use == 0 and stats.waiting == 0 and stats.connections == stats.idle)
 
 
-async def _step_native_cancel(open_stream: Opener, pool: Any) -> int:
-    """Cancel the close after k loop turns, k = 0, 1, ...; returns the turns a close took."""
+async def _step_task_cancel(open_stream: Opener, pool: Any, *, storm: bool) -> int:
+    """Cancel the close after k loop turns, k = 0, 1, ... (``storm``: and at every turn
+    after, until it ends); returns the turns a whole close took."""
     for k in range(MAX_TURNS):
         stream, close = await open_stream()
         task = asyncio.ensure_future(close())
@@ -47,30 +48,12 @@ async def _step_native_cancel(open_stream: Opener, pool: Any) -> int:
             await asyncio.sleep(0)
         finished = task.done()
         task.cancel()
+        while storm and not task.done():
+            await asyncio.sleep(0)
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await close()  # what a caller does next (a no-op if the close got that far)
-        del stream, task
-        await wait_until(lambda: _whole(pool.stats()), timeout=2, what=f"a whole pool, k={k}")
-        if finished:
-            return k
-    pytest.fail(f"no close completed within {MAX_TURNS} loop turns")
-
-
-async def _step_storm(open_stream: Opener, pool: Any) -> int:
-    """From turn k on, cancel the close at every turn until it ends."""
-    for k in range(MAX_TURNS):
-        stream, close = await open_stream()
-        task = asyncio.ensure_future(close())
-        for _ in range(k):
-            await asyncio.sleep(0)
-        finished = task.done()
-        while not task.done():
-            task.cancel()
-            await asyncio.sleep(0)
-        if not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
-        await close()
         del stream, task
         await wait_until(lambda: _whole(pool.stats()), timeout=2, what=f"a whole pool, k={k}")
         if finished:
@@ -131,7 +114,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "sse_stall": {"after": 2, "hold": 10},
     "healthy": {"tokens": 4},
 }
-STEPPERS = {"native": _step_native_cancel, "storm": _step_storm}
+STEPPERS = {"once": False, "storm": True}
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -141,7 +124,9 @@ async def test_task_cancel_at_any_turn_of_a_native_stream_close_loses_no_slot(
     stepper: str, fault: str, fault_server: Any, make_client: Any
 ) -> None:
     client = make_client(fault_server.url(fault, **PARAMS[fault]), timeout=10)
-    turns = await STEPPERS[stepper](_native_opener(client), client._engine.pool)
+    turns = await _step_task_cancel(
+        _native_opener(client), client._engine.pool, storm=STEPPERS[stepper]
+    )
     assert turns >= 1  # the close did take loop turns: a cancel landed inside it
 
 
@@ -162,7 +147,7 @@ async def test_task_cancel_at_any_turn_of_a_face_stream_close_loses_no_slot(
         api_key=KEY, base_url=fault_server.url("sse_stall", after=2, hold=10), timeout=10
     )
     async with client:
-        await STEPPERS[stepper](_face_opener(client), client.engine.pool)
+        await _step_task_cancel(_face_opener(client), client.engine.pool, storm=STEPPERS[stepper])
 
 
 # asyncio only: on trio, the openai stream's own generators, left suspended by its
