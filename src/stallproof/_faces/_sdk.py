@@ -25,7 +25,7 @@ How the SDK's settings map:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, TypeVar
 
 import httpx
@@ -103,13 +103,17 @@ class Hardening:
     timeouts: Timeouts
     retry: Retry | Unset | None = UNSET
 
-    def call_options(self, per_call_timeout: object, body: object) -> CallOptions:
+    def call_options(
+        self, per_call_timeout: object, body: object, credentials: frozenset[str] = frozenset()
+    ) -> CallOptions:
         """What one request tells the engine: this client's bounds, tightened per call,
-        and the JSON body the SDK is sending (so the engine need not parse it again)."""
+        the JSON body the SDK is sending (so the engine need not parse it again) and the
+        SDK's auth header names (dropped on a redirect to another origin)."""
         return CallOptions(
             timeouts=map_timeout(per_call_timeout, self.timeouts),
             retry=self.retry,
             body=body if isinstance(body, dict) else None,
+            credentials=credentials,
         )
 
     def sdk_timeout(self) -> httpx2.Timeout:
@@ -158,7 +162,9 @@ def harden(
         client = httpx2.AsyncClient(
             transport=AsyncTransport2(engine),
             timeout=hardening.sdk_timeout(),
-            follow_redirects=True,  # as the SDKs' own default clients do
+            # The engine follows redirects itself, inside the call's one deadline: this
+            # client never sees one (see `stallproof._redirects`).
+            follow_redirects=False,
         )
         return hardening, client
     kinds = (httpx2.AsyncClient, httpx.AsyncClient) if allow_httpx else (httpx2.AsyncClient,)
@@ -213,7 +219,7 @@ class FaceMixin:
             options, retries_taken=retries_taken
         )
         request.extensions["stallproof"] = self._stallproof.call_options(
-            options.timeout, options.json_data
+            options.timeout, options.json_data, _auth_header_names(self)
         )
         return request
 
@@ -229,6 +235,18 @@ class FaceMixin:
         return copied
 
     with_options = copy
+
+
+def _auth_header_names(client: Any) -> frozenset[str]:
+    # The SDKs name their credential headers in ``auth_headers`` (openai: Authorization;
+    # anthropic: X-Api-Key, Authorization); a caller's subclass may add its own there.
+    try:
+        headers = client.auth_headers
+    except Exception:  # an SDK whose key is not ready yet: the engine's own list applies
+        return frozenset()
+    if not isinstance(headers, Mapping):
+        return frozenset()
+    return frozenset(str(name).lower() for name in headers)
 
 
 def rebind(hardening: Hardening, http_client: Any) -> Hardening:

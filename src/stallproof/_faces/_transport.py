@@ -57,6 +57,7 @@ class _Library:
     remote_protocol_error: type[Exception]
     local_protocol_error: type[Exception]
     decoding_error: type[Exception]
+    too_many_redirects: type[Exception]
 
     @classmethod
     def of(cls, m: ModuleType) -> _Library:
@@ -73,6 +74,7 @@ class _Library:
             m.RemoteProtocolError,
             m.LocalProtocolError,
             m.DecodingError,
+            m.TooManyRedirects,
         )
 
     def base_for(self, error: exc.StallproofError) -> type[Exception]:
@@ -88,6 +90,8 @@ class _Library:
             return self.connect_error
         if isinstance(error, exc.ConnectionLost):
             return self.read_error
+        if isinstance(error, exc.TooManyRedirects):
+            return self.too_many_redirects
         if isinstance(error, (exc.TruncatedResponse, exc.ResponseTooLarge)):
             return self.remote_protocol_error
         if isinstance(error, exc.ProtocolError | exc.StreamErrorEvent):
