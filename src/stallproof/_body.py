@@ -286,6 +286,11 @@ class ResponseBody:
             return
         try:
             while True:
+                if self._decoder.not_utf8:
+                    # The SDKs decode an event stream's lines strictly: a byte that is not
+                    # UTF-8 would fail raw inside their decoder. Typed here, before the
+                    # chunk that holds it is handed on.
+                    await self._fail_with(exc.MalformedResponse, "the event stream is not UTF-8")
                 while self._chunks:
                     yield self._chunks.popleft()
                 if self._state is not _State.LIVE:
@@ -319,6 +324,11 @@ class ResponseBody:
     async def _fail(self, error: BaseException) -> None:
         self._scope.end(error)
         await self._release()
+
+    async def _fail_with(self, cls: type[exc.StallproofError], message: str) -> None:
+        error = self._call.error(cls, message)
+        await self._fail(error)
+        raise error
 
     async def discard(self) -> None:
         """Release the connection without ending the call (its attempt failed: a retry

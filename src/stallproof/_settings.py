@@ -289,9 +289,10 @@ def _encode_value(name: str, value: object) -> bytes:
     try:
         return value.encode("latin-1")
     except UnicodeEncodeError:
-        raise exc.InvalidRequestError(
-            f"header {name!r} has a character that cannot be sent in HTTP (value not shown)"
-        ) from None
+        pass  # raised below, outside the handler: the codec's error quotes the value
+    raise exc.InvalidRequestError(
+        f"header {name!r} has a character that cannot be sent in HTTP (value not shown)"
+    )
 
 
 def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:

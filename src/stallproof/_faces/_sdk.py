@@ -40,6 +40,7 @@ from .._pacer import PacerState
 from .._policies import Retry
 from ._own_client import adopt
 from ._transport import AsyncTransport, AsyncTransport2
+from ._typed import TypedEvent, check_result, invalid_result, unsendable_header
 
 __all__ = ["FaceMixin", "Hardening", "TranslatingDecoder", "harden", "map_timeout", "rebind"]
 
@@ -215,13 +216,29 @@ class FaceMixin:
         return self._stallproof.engine.circuits()
 
     def _build_request(self, options: Any, *, retries_taken: int = 0) -> Any:
-        request = super()._build_request(  # type: ignore[misc]
-            options, retries_taken=retries_taken
-        )
+        try:
+            request = super()._build_request(  # type: ignore[misc]
+                options, retries_taken=retries_taken
+            )
+        except UnicodeEncodeError:
+            request = None  # raised below, outside the handler: the codec quotes the value
+        if request is None:
+            raise unsendable_header(self, options)
         request.extensions["stallproof"] = self._stallproof.call_options(
             options.timeout, options.json_data, _auth_header_names(self)
         )
         return request
+
+    def _process_response_data(self, *, data: object, cast_to: Any, response: Any) -> Any:
+        # Every result the SDK builds from JSON, whole or a stream's chunk: one missing a
+        # required object or list is the SDK's own validation error (`_faces._typed`).
+        result = super()._process_response_data(  # type: ignore[misc]
+            data=data, cast_to=cast_to, response=response
+        )
+        path = check_result(result, cast_to)
+        if path is not None:
+            raise invalid_result(self, response, data, path)
+        return result
 
     def copy(self: _F, *, timeout: Any = UNSET, max_retries: Any = UNSET, **kwargs: Any) -> _F:
         """The SDK's ``copy()``: the copy shares this client's engine (or takes the one
@@ -283,8 +300,9 @@ class TranslatingDecoder:
 
 
 class _TranslatedEvents:
-    """The decoder's events, errors translated. A plain iterator, not an async generator:
-    when the SDK drops it unfinished (its own stream raised), nothing is left to finalise."""
+    """The decoder's events, errors translated, each a `TypedEvent` (its ``json()`` typed).
+    A plain iterator, not an async generator: when the SDK drops it unfinished (its own
+    stream raised), nothing is left to finalise."""
 
     def __init__(
         self,
@@ -301,7 +319,7 @@ class _TranslatedEvents:
 
     async def __anext__(self) -> Any:
         try:
-            return await anext(self._events)
+            return TypedEvent(await anext(self._events))
         except _TIMEOUTS as e:
             raise self._timeout_error(request=_request_of(e)) from e  # type: ignore[call-arg]
         except _CONNECTION as e:

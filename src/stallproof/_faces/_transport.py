@@ -37,6 +37,7 @@ from .._engine import CallOptions, Engine, Outgoing
 from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._redact import redacted_request
+from ._typed import typed_json
 
 __all__ = ["AsyncTransport", "AsyncTransport2", "http_client", "http_client2"]
 
@@ -200,14 +201,23 @@ class _EngineFace:
         if not body.is_stream:
             content = body.content or b""
             await body.aclose()  # nothing more to wait for: the call is over
-            return lib.module.Response(
+            if content and _json_asked_not_given(
+                request, incoming.status, incoming.header("content-type")
+            ):
+                # What the SDKs would hand back as a str where a model was expected: JSON
+                # under another content type passes, anything else is a typed error.
+                try:
+                    typed_json(content)
+                except exc.MalformedResponse as e:
+                    raise flavoured(e, lib, request) from None
+            return _response_class(lib)(
                 incoming.status,
                 headers=incoming.headers,
                 content=content,
                 extensions=incoming.extensions,
                 request=request,
             )
-        return lib.module.Response(
+        return _response_class(lib)(
             incoming.status,
             headers=incoming.headers,
             stream=_stream_class(lib)(body, request),
@@ -219,8 +229,43 @@ class _EngineFace:
         await self.engine.aclose()
 
 
+def _json_asked_not_given(request: Any, status: int, content_type: str | None) -> bool:
+    """A 2xx answer to a request that accepts JSON alone, not labelled as JSON."""
+    if not 200 <= status < 300 or request.headers.get("accept") != "application/json":
+        return False
+    return not (content_type or "").split(";", 1)[0].strip().lower().endswith("json")
+
+
 def _stream_class(lib: _Library) -> type[Any]:
     return _Stream if lib is _HTTPX else _Stream2
+
+
+def _response_class(lib: _Library) -> type[Any]:
+    return _Response if lib is _HTTPX else _Response2
+
+
+class _TypedJSON:
+    """A response whose ``json()`` raises a `MalformedResponse` (also the library's
+    ``DecodingError``) for a body that does not parse, never a raw ``JSONDecodeError``
+    (see `stallproof._faces._typed`)."""
+
+    _lib: _Library
+    content: bytes
+    request: Any
+
+    def json(self, **kwargs: Any) -> Any:
+        try:
+            return typed_json(self.content, **kwargs)
+        except exc.MalformedResponse as e:
+            raise flavoured(e, self._lib, self.request) from None
+
+
+class _Response(_TypedJSON, httpx.Response):
+    _lib = _HTTPX
+
+
+class _Response2(_TypedJSON, httpx2.Response):
+    _lib = _HTTPX2
 
 
 class _StreamBase:
