@@ -15,6 +15,7 @@ module           what is in it
                  client), `FaceMixin`, `TranslatingDecoder` (mid-stream errors as
                  the SDK's own classes)
 `_own_client`    a caller's own httpx/httpx2 client kept under a face
+`_streams`       an SDK stream without a reference cycle: dropped, freed at once
 `_typed`         every failure typed where an SDK parses: bodies (``json()``),
                  stream events, and results with required parts missing
 ================ ================================================================

@@ -39,6 +39,7 @@ from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._policies import Retry
 from ._own_client import adopt
+from ._streams import without_cycle
 from ._transport import AsyncTransport, AsyncTransport2
 from ._typed import TypedEvent, check_result, invalid_result, unsendable_header
 
@@ -228,6 +229,10 @@ class FaceMixin:
             options.timeout, options.json_data, _auth_header_names(self)
         )
         return request
+
+    async def _process_response(self, **kwargs: Any) -> Any:
+        # A stream dropped unread is freed at once, its call ended (`_faces._streams`).
+        return without_cycle(await super()._process_response(**kwargs))  # type: ignore[misc]
 
     def _process_response_data(self, *, data: object, cast_to: Any, response: Any) -> Any:
         # Every result the SDK builds from JSON, whole or a stream's chunk: one missing a
