@@ -27,7 +27,7 @@ from typing import Any
 import pydantic
 
 from .. import _exceptions as exc
-from .._json import loads
+from .._json import JSONTooDeep, JSONTooDense, loads
 
 __all__ = [
     "TypedEvent",
@@ -42,8 +42,9 @@ __all__ = [
 def malformed(what: str, error: BaseException) -> exc.MalformedResponse:
     """The typed error for a document that does not parse (``error`` is not kept: its
     text may quote the document)."""
-    kind = type(error).__name__
-    return exc.MalformedResponse(f"{what} is not valid JSON ({kind})")
+    if isinstance(error, (JSONTooDeep, JSONTooDense)):
+        return exc.MalformedResponse(f"{what}: {error}")  # our own words, no document
+    return exc.MalformedResponse(f"{what} is not valid JSON ({type(error).__name__})")
 
 
 def typed_json(content: bytes, **kwargs: Any) -> Any:
