@@ -115,6 +115,9 @@ class Settings:
             headers["openai-organization"] = organization
         if project:
             headers["openai-project"] = project
+        if default_headers is not None and not isinstance(default_headers, Mapping):
+            kind = type(default_headers).__name__
+            raise exc.InvalidRequestError(f"default_headers must be a mapping, got {kind}")
         for name in default_headers or {}:
             _refuse_framing(name, "default_headers")
         headers.update(default_headers or {})
