@@ -131,10 +131,13 @@ def response_stream(req: ChatRequest, tokens: int) -> EventStream:
     closing.append(_event(seq, "response.completed", response=answer.response(text)))
 
     def chunker(delta: dict[str, Any], finish_reason: str | None) -> bytes:
+        # (logprobs: a required list of both events, as the real API sends it.)
         if finish_reason is not None:
-            return _event(seq, "response.output_text.done", **where, **part, text=text)
+            return _event(seq, "response.output_text.done", **where, **part, text=text, logprobs=[])
         content = str(delta.get("content") or "")
-        return _event(seq, "response.output_text.delta", **where, **part, delta=content)
+        return _event(
+            seq, "response.output_text.delta", **where, **part, delta=content, logprobs=[]
+        )
 
     events = (*opening, *deltas, *closing)
     return EventStream(

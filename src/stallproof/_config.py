@@ -122,6 +122,9 @@ class Limits:
         max_connections: connections the client's pool may open at once. Default 100.
         max_keepalive_connections: idle connections kept for reuse. Default 20.
         keepalive_expiry: seconds an idle connection is kept. Default 5.
+        max_redirects: redirects one call follows (inside its one deadline; see
+            `stallproof._redirects`) before it fails with `TooManyRedirects`; 0 follows
+            none. Default 10.
     """
 
     max_response_bytes: int = 32 * 1024 * 1024
@@ -130,6 +133,7 @@ class Limits:
     max_connections: int = 100
     max_keepalive_connections: int = 20
     keepalive_expiry: float = 5.0
+    max_redirects: int = 10
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -137,7 +141,8 @@ class Limits:
             if field.name == "keepalive_expiry":
                 object.__setattr__(self, field.name, seconds("Limits.keepalive_expiry", value))
                 continue
-            check_int(f"Limits.{field.name}", value, minimum=1)
+            minimum = 0 if field.name == "max_redirects" else 1
+            check_int(f"Limits.{field.name}", value, minimum=minimum)
         if self.max_keepalive_connections > self.max_connections:
             raise InvalidRequestError(
                 "Limits.max_keepalive_connections must be <= max_connections, got "

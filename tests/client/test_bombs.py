@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import tracemalloc
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ from openai.types.chat import ChatCompletionMessageParam
 import stallproof
 
 from ..support.clients import MakeClient, assert_pool_clean
+from ..support.memory import Peak
 from ..support.rawserver import always, response
 
 pytestmark = pytest.mark.anyio
@@ -79,20 +79,6 @@ def bomb(encoding: str, filler: bytes = b"\0", mib: int = SIZE_MIB) -> bytes:
 
 
 ENCODINGS = ["gzip", "deflate", "br", "zstd", "gzip, gzip"]
-
-
-class Peak:
-    """Python heap growth while the block runs (tracemalloc), in bytes."""
-
-    def __enter__(self) -> Peak:
-        tracemalloc.start()
-        tracemalloc.reset_peak()
-        self.base = tracemalloc.get_traced_memory()[0]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.peak = tracemalloc.get_traced_memory()[1] - self.base
-        tracemalloc.stop()
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)

@@ -25,7 +25,7 @@ How the SDK's settings map:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import httpx
@@ -39,8 +39,10 @@ from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._policies import Retry
 from ._own_client import adopt
+from ._streams import without_cycle
 from ._sync_transport import Transport, Transport2
 from ._transport import AsyncTransport, AsyncTransport2
+from ._typed import TypedEvent, check_result, invalid_result, unsendable_header
 
 __all__ = ["FaceMixin", "Hardening", "TranslatingDecoder", "harden", "map_timeout", "rebind"]
 
@@ -105,13 +107,17 @@ class Hardening:
     timeouts: Timeouts
     retry: Retry | Unset | None = UNSET
 
-    def call_options(self, per_call_timeout: object, body: object) -> CallOptions:
+    def call_options(
+        self, per_call_timeout: object, body: object, credentials: frozenset[str] = frozenset()
+    ) -> CallOptions:
         """What one request tells the engine: this client's bounds, tightened per call,
-        and the JSON body the SDK is sending (so the engine need not parse it again)."""
+        the JSON body the SDK is sending (so the engine need not parse it again) and the
+        SDK's auth header names (dropped on a redirect to another origin)."""
         return CallOptions(
             timeouts=map_timeout(per_call_timeout, self.timeouts),
             retry=self.retry,
             body=body if isinstance(body, dict) else None,
+            credentials=credentials,
         )
 
     def sdk_timeout(self) -> httpx2.Timeout:
@@ -160,19 +166,20 @@ def harden(
                 settings["retry"] = retry
             engine = Engine(timeout=timeouts, **settings)
         hardening = Hardening(engine, timeouts, retry)
-        # follow_redirects: as the SDKs' own default clients do.
+        # The engine follows redirects itself, inside the call's one deadline: this client
+        # never sees one (see `stallproof._redirects`).
         client: httpx2.Client | httpx2.AsyncClient
         if sync:
             client = httpx2.Client(
                 transport=Transport2(engine),
                 timeout=hardening.sdk_timeout(),
-                follow_redirects=True,
+                follow_redirects=False,
             )
         else:
             client = httpx2.AsyncClient(
                 transport=AsyncTransport2(engine),
                 timeout=hardening.sdk_timeout(),
-                follow_redirects=True,
+                follow_redirects=False,
             )
         return hardening, client
     kind = "Client" if sync else "AsyncClient"
@@ -234,13 +241,33 @@ class FaceMixin:
         return self._stallproof.engine.circuits()
 
     def _build_request(self, options: Any, *, retries_taken: int = 0) -> Any:
-        request = super()._build_request(  # type: ignore[misc]
-            options, retries_taken=retries_taken
-        )
+        try:
+            request = super()._build_request(  # type: ignore[misc]
+                options, retries_taken=retries_taken
+            )
+        except UnicodeEncodeError:
+            request = None  # raised below, outside the handler: the codec quotes the value
+        if request is None:
+            raise unsendable_header(self, options)
         request.extensions["stallproof"] = self._stallproof.call_options(
-            options.timeout, options.json_data
+            options.timeout, options.json_data, _auth_header_names(self)
         )
         return request
+
+    async def _process_response(self, **kwargs: Any) -> Any:
+        # A stream dropped unread is freed at once, its call ended (`_faces._streams`).
+        return without_cycle(await super()._process_response(**kwargs))  # type: ignore[misc]
+
+    def _process_response_data(self, *, data: object, cast_to: Any, response: Any) -> Any:
+        # Every result the SDK builds from JSON, whole or a stream's chunk: one missing a
+        # required object or list is the SDK's own validation error (`_faces._typed`).
+        result = super()._process_response_data(  # type: ignore[misc]
+            data=data, cast_to=cast_to, response=response
+        )
+        path = check_result(result, cast_to)
+        if path is not None:
+            raise invalid_result(self, response, data, path)
+        return result
 
     def copy(self: _F, *, timeout: Any = UNSET, max_retries: Any = UNSET, **kwargs: Any) -> _F:
         """The SDK's ``copy()``: the copy shares this client's engine (or takes the one
@@ -254,6 +281,18 @@ class FaceMixin:
         return copied
 
     with_options = copy
+
+
+def _auth_header_names(client: Any) -> frozenset[str]:
+    # The SDKs name their credential headers in ``auth_headers`` (openai: Authorization;
+    # anthropic: X-Api-Key, Authorization); a caller's subclass may add its own there.
+    try:
+        headers = client.auth_headers
+    except Exception:  # an SDK whose key is not ready yet: the engine's own list applies
+        return frozenset()
+    if not isinstance(headers, Mapping):
+        return frozenset()
+    return frozenset(str(name).lower() for name in headers)
 
 
 def rebind(hardening: Hardening, http_client: Any) -> Hardening:
@@ -294,8 +333,9 @@ class TranslatingDecoder:
 
 class _TranslatedEvents:
     """The decoder's events (async or sync, as the SDK's stream reads them), errors
-    translated. A plain iterator, not a generator: when the SDK drops it unfinished (its
-    own stream raised), nothing is left to finalise."""
+    translated, each a `TypedEvent` (its ``json()`` typed). A plain iterator, not a
+    generator: when the SDK drops it unfinished (its own stream raised), nothing is left
+    to finalise."""
 
     def __init__(
         self,
@@ -312,7 +352,7 @@ class _TranslatedEvents:
 
     async def __anext__(self) -> Any:
         try:
-            return await anext(self._events)
+            return TypedEvent(await anext(self._events))
         except _CONNECTION as e:  # timeouts included
             raise self._translated(e) from e
 
@@ -321,7 +361,7 @@ class _TranslatedEvents:
 
     def __next__(self) -> Any:
         try:
-            return next(self._events)
+            return TypedEvent(next(self._events))
         except _CONNECTION as e:  # timeouts included
             raise self._translated(e) from e
 

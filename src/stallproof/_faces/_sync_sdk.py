@@ -8,11 +8,14 @@ faces' own. The engine's state belongs to that loop, so its views are read there
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._breaker import CircuitState
 from .._inflight import InflightCall
 from .._pacer import PacerState
 from ._engine_loop import home_of
 from ._sdk import FaceMixin
+from ._streams import without_cycle
 
 __all__ = ["SyncFaceMixin"]
 
@@ -21,6 +24,11 @@ class SyncFaceMixin(FaceMixin):
     """`FaceMixin` for a sync SDK client: the views run on the engine loop's thread."""
 
     _sync = True
+
+    def _process_response(self, **kwargs: Any) -> Any:
+        # The SDK's sync `_process_response`; a stream dropped unread is freed at once, its
+        # call ended, as for the async faces (`_faces._streams`).
+        return without_cycle(super(FaceMixin, self)._process_response(**kwargs))  # type: ignore[misc]
 
     def inflight(self, *, stalled_after: float = 5.0) -> tuple[InflightCall, ...]:
         """Every call through this client's engine in progress now, longest first."""

@@ -37,6 +37,7 @@ from .._engine import CallOptions, Engine, Incoming, Outgoing
 from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._redact import redacted_request
+from ._typed import typed_json
 
 __all__ = ["AsyncTransport", "AsyncTransport2", "http_client", "http_client2"]
 
@@ -57,6 +58,7 @@ class _Library:
     remote_protocol_error: type[Exception]
     local_protocol_error: type[Exception]
     decoding_error: type[Exception]
+    too_many_redirects: type[Exception]
 
     @classmethod
     def of(cls, m: ModuleType) -> _Library:
@@ -73,6 +75,7 @@ class _Library:
             m.RemoteProtocolError,
             m.LocalProtocolError,
             m.DecodingError,
+            m.TooManyRedirects,
         )
 
     def base_for(self, error: exc.StallproofError) -> type[Exception]:
@@ -88,6 +91,8 @@ class _Library:
             return self.connect_error
         if isinstance(error, exc.ConnectionLost):
             return self.read_error
+        if isinstance(error, exc.TooManyRedirects):
+            return self.too_many_redirects
         if isinstance(error, (exc.TruncatedResponse, exc.ResponseTooLarge)):
             return self.remote_protocol_error
         if isinstance(error, exc.ProtocolError | exc.StreamErrorEvent):
@@ -165,17 +170,31 @@ async def exchange(engine: Engine, out: Outgoing) -> Incoming:
 
 
 def library_response(lib: _Library, incoming: Incoming, request: Any, stream: Any) -> Any:
-    """The engine's answer as ``lib``'s response: its content, or ``stream`` to read."""
+    """The engine's answer as ``lib``'s response: its content, or ``stream`` to read.
+
+    Raises:
+        MalformedResponse (flavoured as ``lib``'s error): a 2xx answer to a request that
+            accepts JSON alone, not labelled JSON and not JSON either — what the SDKs
+            would hand back as a str where a model was expected.
+    """
     body = incoming.body
     if not body.is_stream:
-        return lib.module.Response(
+        content = body.content or b""
+        if content and _json_asked_not_given(
+            request, incoming.status, incoming.header("content-type")
+        ):
+            try:
+                typed_json(content)
+            except exc.MalformedResponse as e:
+                raise flavoured(e, lib, request) from None
+        return _response_class(lib)(
             incoming.status,
             headers=incoming.headers,
-            content=body.content or b"",
+            content=content,
             extensions=incoming.extensions,
             request=request,
         )
-    return lib.module.Response(
+    return _response_class(lib)(
         incoming.status,
         headers=incoming.headers,
         stream=stream,
@@ -228,9 +247,44 @@ class _EngineFace:
         await self.engine.aclose()
 
 
+def _json_asked_not_given(request: Any, status: int, content_type: str | None) -> bool:
+    """A 2xx answer to a request that accepts JSON alone, not labelled as JSON."""
+    if not 200 <= status < 300 or request.headers.get("accept") != "application/json":
+        return False
+    return not (content_type or "").split(";", 1)[0].strip().lower().endswith("json")
+
+
 def stream_class(lib: _Library) -> type[Any]:
     """The async byte stream class of ``lib`` (`_Stream` or `_Stream2`)."""
     return _Stream if lib is _HTTPX else _Stream2
+
+
+def _response_class(lib: _Library) -> type[Any]:
+    return _Response if lib is _HTTPX else _Response2
+
+
+class _TypedJSON:
+    """A response whose ``json()`` raises a `MalformedResponse` (also the library's
+    ``DecodingError``) for a body that does not parse, never a raw ``JSONDecodeError``
+    (see `stallproof._faces._typed`)."""
+
+    _lib: _Library
+    content: bytes
+    request: Any
+
+    def json(self, **kwargs: Any) -> Any:
+        try:
+            return typed_json(self.content, **kwargs)
+        except exc.MalformedResponse as e:
+            raise flavoured(e, self._lib, self.request) from None
+
+
+class _Response(_TypedJSON, httpx.Response):
+    _lib = _HTTPX
+
+
+class _Response2(_TypedJSON, httpx2.Response):
+    _lib = _HTTPX2
 
 
 class _StreamBase:
