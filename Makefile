@@ -3,12 +3,18 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The framework recipes (docs/frameworks.md) get a venv of their own: their heavy installs
-# pin openai < 3.4 (instructor), which the main suite and `make demo` should not inherit.
+# The framework recipes (docs/frameworks.md) get venvs of their own: their heavy installs
+# pin openai < 3.4 (instructor) or openai < 3 (crewai, llama-index, mirascope), which the
+# main suite and `make demo` should not inherit.
 FW_VENV := .venv-frameworks
 FW_STAMP := $(FW_VENV)/.installed
+FW2_VENV := .venv-frameworks2
+FW2_STAMP := $(FW2_VENV)/.installed
+# The SDK faces and the native client on openai 2.x (the SDK on plain httpx).
+OA2_VENV := .venv-openai2
+OA2_STAMP := $(OA2_VENV)/.installed
 
-.PHONY: demo test test-quick test-stress test-frameworks lint typecheck bench clean
+.PHONY: demo test test-quick test-stress test-openai2 test-frameworks lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +27,18 @@ $(FW_STAMP): pyproject.toml
 	$(FW_VENV)/bin/pip install --quiet --upgrade pip
 	$(FW_VENV)/bin/pip install --quiet -e '.[test,frameworks]'
 	touch $(FW_STAMP)
+
+$(FW2_STAMP): pyproject.toml
+	$(PY) -m venv $(FW2_VENV)
+	$(FW2_VENV)/bin/pip install --quiet --upgrade pip
+	$(FW2_VENV)/bin/pip install --quiet -e '.[test,frameworks-openai2]'
+	touch $(FW2_STAMP)
+
+$(OA2_STAMP): pyproject.toml
+	$(PY) -m venv $(OA2_VENV)
+	$(OA2_VENV)/bin/pip install --quiet --upgrade pip
+	$(OA2_VENV)/bin/pip install --quiet -e '.[test]' 'openai>=2,<3'
+	touch $(OA2_STAMP)
 
 ## The proof: many agents, many rounds, random faults, zero hangs.
 demo: $(STAMP)

@@ -26,10 +26,14 @@ import httpx2
 
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
+from ._faces._compat import http_library
 from ._faces._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
 from ._policies import Breaker, Pacer, Retry, RetryBudget
 
 __all__ = ["AsyncAnthropic"]
+
+# httpx2 for anthropic >= 1, httpx for 0.x: the library of the client built below.
+_HTTP = http_library(anthropic)
 
 
 class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
@@ -73,10 +77,11 @@ class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
                     "provider_name": "anthropic",
                 },
                 engine=engine,
-                allow_httpx=False,
+                sdk=anthropic,
+                either_library=False,
             )
         super().__init__(
-            timeout=self._stallproof.sdk_timeout(),
+            timeout=self._stallproof.sdk_timeout(_HTTP),
             max_retries=0,
             http_client=http_client,
             **kwargs,

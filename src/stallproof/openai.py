@@ -33,10 +33,14 @@ import openai
 
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
+from ._faces._compat import http_library
 from ._faces._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
 from ._policies import Breaker, Pacer, Retry, RetryBudget
 
 __all__ = ["AsyncOpenAI"]
+
+# httpx2 for openai >= 3, httpx for 1.x/2.x: the library of the client built below.
+_HTTP = http_library(openai)
 
 
 class AsyncOpenAI(FaceMixin, openai.AsyncOpenAI):
@@ -95,10 +99,11 @@ class AsyncOpenAI(FaceMixin, openai.AsyncOpenAI):
                     "limits": limits,
                 },
                 engine=engine,
-                allow_httpx=True,
+                sdk=openai,
+                either_library=True,
             )
         super().__init__(
-            timeout=self._stallproof.sdk_timeout(),
+            timeout=self._stallproof.sdk_timeout(_HTTP),
             max_retries=0,
             http_client=http_client,  # type: ignore[arg-type]  # httpx too: the legacy path
             **kwargs,

@@ -15,5 +15,8 @@ module           what is in it
                  client), `FaceMixin`, `TranslatingDecoder` (mid-stream errors as
                  the SDK's own classes)
 `_own_client`    a caller's own httpx/httpx2 client kept under a face
+`_compat`        the SDKs' fragile details, whatever major is installed: the HTTP
+                 library each runs on (httpx or httpx2), their ``timeout=`` and
+                 ``max_retries=`` in our terms; used by every face and `Client`
 ================ ================================================================
 """

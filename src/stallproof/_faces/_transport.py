@@ -37,6 +37,7 @@ from .._engine import CallOptions, Engine, Outgoing
 from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._redact import redacted_request
+from ._compat import phase_timeout, timeouts_from
 
 __all__ = ["AsyncTransport", "AsyncTransport2", "http_client", "http_client2"]
 
@@ -173,7 +174,9 @@ class _EngineFace:
             )
         if engine is not None and not isinstance(engine, Engine):
             raise exc.InvalidRequestError(f"engine must be an Engine, got {engine!r}")
-        self.engine = engine or Engine(timeout=Timeouts.coerce(timeout), **settings)
+        self.engine = engine or Engine(
+            timeout=timeouts_from(timeout, Timeouts(), refuse_none=True), **settings
+        )
 
     def inflight(self, *, stalled_after: float = 5.0) -> tuple[InflightCall, ...]:
         """Every call through this transport in progress right now (see `Client.inflight`)."""
@@ -279,13 +282,6 @@ class AsyncTransport2(_EngineFace, httpx2.AsyncBaseTransport):
         return response
 
 
-def _client_timeout(lib: ModuleType, timeouts: Timeouts) -> Any:
-    # The library's own per-phase timeouts match ours, so they never tighten them.
-    return lib.Timeout(
-        connect=timeouts.connect, read=timeouts.read, write=timeouts.write, pool=timeouts.pool
-    )
-
-
 def http_client(
     *,
     timeout: TimeoutTypes = Timeouts(),  # noqa: B008 - frozen and immutable
@@ -301,7 +297,7 @@ def http_client(
         engine, **({"timeout": timeout} if engine is None else {}), **settings
     )
     return httpx.AsyncClient(
-        transport=transport, timeout=_client_timeout(httpx, transport.engine.timeout)
+        transport=transport, timeout=phase_timeout(httpx, transport.engine.timeout)
     )
 
 
@@ -318,5 +314,5 @@ def http_client2(
         engine, **({"timeout": timeout} if engine is None else {}), **settings
     )
     return httpx2.AsyncClient(
-        transport=transport, timeout=_client_timeout(httpx2, transport.engine.timeout)
+        transport=transport, timeout=phase_timeout(httpx2, transport.engine.timeout)
     )
