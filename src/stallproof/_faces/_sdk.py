@@ -28,9 +28,9 @@ How the SDK's settings map (`_compat`, the one place that knows them):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 import httpx2
@@ -44,21 +44,26 @@ from .._pacer import PacerState
 from .._policies import Retry
 from ._compat import http_library, phase_timeout, retry_from, timeouts_from
 from ._own_client import adopt
+from ._sync_transport import Transport, Transport2
 from ._transport import AsyncTransport, AsyncTransport2
 
 __all__ = ["FaceMixin", "Hardening", "TranslatingDecoder", "harden", "rebind"]
 
 _F = TypeVar("_F", bound="FaceMixin")
-_TRANSPORTS: dict[ModuleType, type[AsyncTransport | AsyncTransport2]] = {
-    httpx: AsyncTransport,
-    httpx2: AsyncTransport2,
+# The engine's adapter for each (library, sync) pair.
+_TRANSPORTS: dict[tuple[ModuleType, bool], type[Any]] = {
+    (httpx, False): AsyncTransport,
+    (httpx2, False): AsyncTransport2,
+    (httpx, True): Transport,
+    (httpx2, True): Transport2,
 }
 
 
 def engine_of(http_client: object) -> Engine | None:
-    """The engine under a client built by `http_client2()` / `http_client()`, if any."""
+    """The engine under a client built by `http_client2()` / `http_client()` (or their sync
+    forms), if any."""
     transport = getattr(http_client, "_transport", None)
-    if isinstance(transport, (AsyncTransport, AsyncTransport2)):
+    if isinstance(transport, (AsyncTransport, AsyncTransport2, Transport, Transport2)):
         return transport.engine
     return None
 
@@ -102,6 +107,7 @@ def harden(
     settings: dict[str, Any],
     engine: Engine | None,
     either_library: bool,
+    sync: bool = False,
 ) -> tuple[Hardening, Any]:
     """The engine for a new face of ``sdk`` (the ``openai`` or ``anthropic`` module), and
     the http client to hand the SDK.
@@ -111,9 +117,12 @@ def harden(
     stallproof (`http_client2()` / `http_client()`, or a client with our transport), its
     engine. With the caller's own client, a new engine installed as its transport
     (`stallproof._faces._own_client`). ``either_library``: the SDK takes a client of
-    either library (openai), not only its own (anthropic).
+    either library (openai), not only its own (anthropic). ``sync``: the same for a sync
+    face, with the library's ``Client`` and `Transport2` / `Transport`; a caller's own sync
+    client is refused (its transports block: the engine cannot send through them).
     """
     lib = http_library(sdk)
+    kind = "Client" if sync else "AsyncClient"
     retry = retry_from(retry, max_retries)
     settings = {k: v for k, v in settings.items() if v is not UNSET}
     if engine is not None and (settings or http_client is not None):
@@ -128,20 +137,27 @@ def harden(
                 settings["retry"] = retry
             engine = Engine(timeout=timeouts, **settings)
         hardening = Hardening(engine, timeouts, retry)
-        client = lib.AsyncClient(
-            transport=_TRANSPORTS[lib](engine),
+        # follow_redirects: as the SDKs' own default clients do.
+        client = getattr(lib, kind)(
+            transport=_TRANSPORTS[lib, sync](engine),
             timeout=hardening.sdk_timeout(lib),
-            follow_redirects=True,  # as the SDKs' own default clients do
+            follow_redirects=True,
         )
         return hardening, client
-    kinds = (httpx2.AsyncClient, httpx.AsyncClient) if either_library else (lib.AsyncClient,)
+    kinds = tuple(getattr(m, kind) for m in ((httpx2, httpx) if either_library else (lib,)))
     if not isinstance(http_client, kinds):
-        wanted = " or ".join(f"an {k.__module__.split('.')[0]}.AsyncClient" for k in kinds)
+        wanted = " or ".join(f"an {k.__module__.split('.')[0]}.{kind}" for k in kinds)
         raise exc.InvalidRequestError(
             f"http_client must be {wanted} for {sdk.__name__} "
             f"{getattr(sdk, '__version__', '')}, got {type(http_client).__name__}"
         )
     engine = engine_of(http_client)
+    if engine is None and sync:
+        raise exc.InvalidRequestError(
+            f"http_client must be built by stallproof.sync_http_client2() (or "
+            f"sync_http_client()), got your own {type(http_client).__name__}: its transports "
+            "block, and stallproof's engine cannot send through them"
+        )
     if engine is None:  # the caller's own client: the engine becomes its transport
         timeouts = timeouts_from(timeout, Timeouts())
         if retry is not UNSET:
@@ -159,6 +175,8 @@ class FaceMixin:
     """The views and request hook every SDK face adds to the SDK's client."""
 
     _stallproof: Hardening
+    #: A sync face (the SDK's sync client, over `Transport2`).
+    _sync: ClassVar[bool] = False
 
     @property
     def engine(self) -> Engine:
@@ -234,17 +252,21 @@ class TranslatingDecoder:
     def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
         return _TranslatedEvents(self._inner.aiter_bytes(iterator), *self._errors)
 
+    def iter_bytes(self, iterator: Iterator[bytes]) -> Iterator[Any]:
+        return _TranslatedEvents(self._inner.iter_bytes(iterator), *self._errors)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
 
 class _TranslatedEvents:
-    """The decoder's events, errors translated. A plain iterator, not an async generator:
-    when the SDK drops it unfinished (its own stream raised), nothing is left to finalise."""
+    """The decoder's events (async or sync, as the SDK's stream reads them), errors
+    translated. A plain iterator, not a generator: when the SDK drops it unfinished (its
+    own stream raised), nothing is left to finalise."""
 
     def __init__(
         self,
-        events: AsyncIterator[Any],
+        events: Any,
         timeout_error: type[Exception],
         connection_error: type[Exception],
     ) -> None:
@@ -258,10 +280,21 @@ class _TranslatedEvents:
     async def __anext__(self) -> Any:
         try:
             return await anext(self._events)
-        except _TIMEOUTS as e:
-            raise self._timeout_error(request=_request_of(e)) from e  # type: ignore[call-arg]
-        except _CONNECTION as e:
-            raise self._connection_error(request=_request_of(e)) from e  # type: ignore[call-arg]
+        except _CONNECTION as e:  # timeouts included
+            raise self._translated(e) from e
+
+    def __iter__(self) -> _TranslatedEvents:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._events)
+        except _CONNECTION as e:  # timeouts included
+            raise self._translated(e) from e
+
+    def _translated(self, error: Exception) -> Exception:
+        cls = self._timeout_error if isinstance(error, _TIMEOUTS) else self._connection_error
+        return cls(request=_request_of(error))  # type: ignore[call-arg]
 
 
 def _request_of(error: Exception) -> Any:
