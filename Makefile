@@ -64,10 +64,17 @@ RUNS ?= 5
 test-stress: $(STAMP)
 	$(BIN)/python scripts/stress_tests.py --runs $(RUNS)
 
-## The recipe per framework (openai-agents, pydantic-ai, langchain, autogen, litellm, dspy,
-## instructor, llama-index) against the fault server, in their own venv.
-test-frameworks: $(FW_STAMP)
-	$(FW_VENV)/bin/python -m pytest -m frameworks tests/frameworks
+## The SDK faces and transports (sync included), and the native client's openai types, on
+## openai 2.x: the SDK on plain httpx, which crewai, llama-index and mirascope pin.
+test-openai2: $(OA2_STAMP)
+	$(OA2_VENV)/bin/python -m pytest -n $(WORKERS) --dist worksteal tests/integrations \
+		tests/client/test_client.py tests/client/test_bounds.py tests/client/test_secrets.py
+
+## The recipe per framework (docs/frameworks.md) against the fault server, in two venvs:
+## openai 3 (the frameworks extra) and openai 2 (frameworks-openai2).
+test-frameworks: $(FW_STAMP) $(FW2_STAMP)
+	$(FW_VENV)/bin/python -m pytest -n 2 -m frameworks tests/frameworks
+	$(FW2_VENV)/bin/python -m pytest -n 2 -m frameworks tests/frameworks
 
 lint: $(STAMP)
 	$(BIN)/ruff check src fault_server tests benchmarks scripts
@@ -80,4 +87,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) $(FW_VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FW_VENV) $(FW2_VENV) $(OA2_VENV) build dist .pytest_cache .mypy_cache .ruff_cache
