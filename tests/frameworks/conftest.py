@@ -216,8 +216,9 @@ def turn_ends_in_time(
     turn: Callable[[], object], name: str, *, reported: Callable[[Any], bool] | None = None
 ) -> object:
     """Run a sync ``turn`` inside ``deadline(STEP)``; it must end within STEP + STEP_LATE,
-    raising with a stallproof error in the chain, or, for a framework that reports a failed
-    turn in its result instead (``reported``), returning a result that says so."""
+    raising with a stallproof error in the chain. ``reported``, for a framework that
+    reports a failed turn in its result instead, or raises an error of its own without the
+    chain: what it returned or raised must say the turn failed."""
     with stopwatch() as elapsed:
         try:
             with stallproof.deadline(STEP, name=name):
@@ -245,7 +246,9 @@ async def aturn_ends_in_time(
 
 def _ended(result: object, elapsed: float, reported: Callable[[Any], bool] | None) -> object:
     assert elapsed <= STEP + STEP_LATE, (elapsed, result)
-    if isinstance(result, BaseException):
+    if isinstance(result, BaseException) and reported is not None:
+        assert reported(result), result  # a framework that drops the cause chain
+    elif isinstance(result, BaseException):
         stallproof_cause(result)
     else:
         assert reported is not None, f"the turn did not fail: {result!r}"
