@@ -278,6 +278,36 @@ def test_sync_and_async_deadlines_nest(fault_server: Any, face: Any) -> None:
     assert elapsed[0] <= 0.5 + MARGIN
 
 
+def test_deadlines_in_and_around_asyncio_to_thread(fault_server: Any, face: Any) -> None:
+    import asyncio
+
+    stalled = face(fault_server.url("stall_headers", hold=HOLD), timeout=30)
+
+    def step(budget: float | None) -> None:
+        if budget is None:
+            ask(stalled, stream=False)
+            return
+        # The worker thread runs in a copy of the task's context (sniffio's "asyncio"
+        # included), but no loop runs in it: this is the sync form.
+        with stallproof.deadline(budget, name="in the thread"):
+            ask(stalled, stream=False)
+
+    async def main(inner: float | None) -> None:
+        with stallproof.deadline(0.5, name="around"):
+            await asyncio.to_thread(step, inner)
+
+    for inner, scope in ((None, "around"), (0.3, "in the thread")):
+        with stopwatch() as elapsed, pytest.raises(openai.APITimeoutError) as info:
+            asyncio.run(main(inner))
+        # The scope cancels the task's wait and clips the thread's call: both end at the
+        # same instant, and either way the caller learns which scope ran out.
+        error = info.value
+        cause = error if isinstance(error, stallproof.StallproofError) else error.__cause__
+        assert isinstance(cause, stallproof.DeadlineExceeded) and cause.scope == scope
+        assert elapsed[0] <= 0.5 + MARGIN
+        wait_until_sync(lambda: stalled.inflight() == (), what="the thread's call ended")
+
+
 # -- many threads --------------------------------------------------------------------------
 
 
