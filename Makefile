@@ -3,12 +3,18 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The framework recipes (docs/frameworks.md) get a venv of their own: their heavy installs
-# pin openai < 3.4 (instructor), which the main suite and `make demo` should not inherit.
+# The framework recipes (docs/frameworks.md) get venvs of their own: their heavy installs
+# pin openai < 3.4 (instructor) or openai < 3 (crewai, llama-index, mirascope), which the
+# main suite and `make demo` should not inherit.
 FW_VENV := .venv-frameworks
 FW_STAMP := $(FW_VENV)/.installed
+FW2_VENV := .venv-frameworks2
+FW2_STAMP := $(FW2_VENV)/.installed
+# The SDK faces and the native client on openai 2.x (the SDK on plain httpx).
+OA2_VENV := .venv-openai2
+OA2_STAMP := $(OA2_VENV)/.installed
 
-.PHONY: demo test test-quick test-stress test-frameworks lint typecheck docs bench clean
+.PHONY: demo test test-quick test-stress test-openai2 test-frameworks lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +27,18 @@ $(FW_STAMP): pyproject.toml
 	$(FW_VENV)/bin/pip install --quiet --upgrade pip
 	$(FW_VENV)/bin/pip install --quiet -e '.[test,frameworks]'
 	touch $(FW_STAMP)
+
+$(FW2_STAMP): pyproject.toml
+	$(PY) -m venv $(FW2_VENV)
+	$(FW2_VENV)/bin/pip install --quiet --upgrade pip
+	$(FW2_VENV)/bin/pip install --quiet -e '.[test,frameworks-openai2]'
+	touch $(FW2_STAMP)
+
+$(OA2_STAMP): pyproject.toml
+	$(PY) -m venv $(OA2_VENV)
+	$(OA2_VENV)/bin/pip install --quiet --upgrade pip
+	$(OA2_VENV)/bin/pip install --quiet -e '.[test]' 'openai>=2,<3'
+	touch $(OA2_STAMP)
 
 ## The proof: many agents, many rounds, random faults, zero hangs.
 demo: $(STAMP)
@@ -46,10 +64,21 @@ RUNS ?= 5
 test-stress: $(STAMP)
 	$(BIN)/python scripts/stress_tests.py --runs $(RUNS)
 
-## The recipe per framework (openai-agents, pydantic-ai, langchain, autogen, litellm, dspy,
-## instructor, llama-index) against the fault server, in their own venv.
-test-frameworks: $(FW_STAMP)
+## What depends on the openai major, on openai 2.x (the SDK on plain httpx, which crewai,
+## llama-index and mirascope pin): the openai faces, sync and async, the stock SDK on our
+## clients, and the native client's openai types. The raw transports and anthropic's face
+## do not change with openai: `make test` runs them.
+OA2_TESTS := $(filter-out tests/integrations/test_transport.py \
+	tests/integrations/test_sdk_catalogue_anthropic.py, $(wildcard tests/integrations/test_*.py))
+test-openai2: $(OA2_STAMP)
+	$(OA2_VENV)/bin/python -m pytest -n $(WORKERS) --dist worksteal $(OA2_TESTS) \
+		tests/client/test_client.py
+
+## The recipe per framework (docs/frameworks.md) against the fault server, in two venvs:
+## openai 3 (the frameworks extra) and openai 2 (frameworks-openai2).
+test-frameworks: $(FW_STAMP) $(FW2_STAMP)
 	$(FW_VENV)/bin/python -m pytest -m frameworks tests/frameworks
+	$(FW2_VENV)/bin/python -m pytest -m frameworks tests/frameworks
 
 lint: $(STAMP)
 	$(BIN)/ruff check src fault_server tests benchmarks scripts
@@ -72,4 +101,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) $(FW_VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FW_VENV) $(FW2_VENV) $(OA2_VENV) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -18,12 +18,12 @@ from ._breaker import CircuitState
 from ._completions import Beta, Chat
 from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
 from ._engine import CallOptions, Engine, Incoming
+from ._faces._compat import timeouts_from
 from ._inflight import InflightCall
 from ._pacer import PacerState
 from ._policies import Breaker, Pacer, Retry, RetryBudget
 from ._raw import PerCall, Prepared
 from ._redact import safe_url
-from ._request import is_omitted
 from ._resources import Embeddings, Models
 from ._responses import Responses
 from ._settings import Settings
@@ -276,11 +276,9 @@ class Client:
         return incoming
 
     def _resolve_timeouts(self, timeout: object) -> Timeouts:
-        if timeout is UNSET or timeout is None or is_omitted(timeout):
-            # None: openai's "no timeout"; stallproof never runs a call unbounded, so the
-            # client's bounds apply.
-            return self._settings.timeout
-        return Timeouts.coerce(timeout, base=self._settings.timeout)
+        # None: openai's "no timeout"; stallproof never runs a call unbounded, so the
+        # client's bounds apply.
+        return timeouts_from(timeout, self._settings.timeout)
 
     async def _run(self, prepared: Prepared[R]) -> R:
         incoming = await self._send(

@@ -69,30 +69,19 @@ class Timeouts:
 
     @classmethod
     def coerce(cls, value: object, *, base: Timeouts | None = None) -> Timeouts:
-        """A `Timeouts` from a number (the total budget), a `Timeouts`, or an
-        ``httpx.Timeout`` / ``httpx2.Timeout`` (what openai users pass).
-
-        A number keeps ``base``'s other bounds and replaces only ``total``. An httpx
-        timeout replaces the four phases it sets (connect, read, write, pool) and keeps
-        ``base``'s for those it leaves at None; it has no total, so ``total`` stays.
+        """A `Timeouts` from a number (the total budget: ``base``'s other bounds stay) or a
+        `Timeouts`. What the SDKs pass (an ``httpx.Timeout``, None, ``NOT_GIVEN``) is read
+        by ``stallproof._faces._compat.timeouts_from``, the one place that knows them.
         """
         if isinstance(value, Timeouts):
             return value
-        base = base or cls()
         if value is None:
             raise InvalidRequestError(
                 "timeout=None would let a call run forever, which stallproof never does: "
                 "pass a number of seconds (the total budget) or a stallproof.Timeouts"
             )
-        if _is_httpx_timeout(value):
-            phases = {
-                name: seconds(f"timeout.{name}", getattr(value, name))
-                for name in ("connect", "read", "write", "pool")
-                if getattr(value, name) is not None
-            }
-            return dataclasses.replace(base, **phases)
         total = seconds("timeout", value)
-        return dataclasses.replace(base, total=total)
+        return dataclasses.replace(base or cls(), total=total)
 
     def replace(self, **changes: float) -> Timeouts:
         """A copy with some bounds changed (validated like the constructor)."""
@@ -100,14 +89,6 @@ class Timeouts:
 
 
 TimeoutTypes = Timeouts | float | int
-
-
-def _is_httpx_timeout(value: object) -> bool:
-    # httpx.Timeout and httpx2.Timeout (openai 3's): the same four phases, no total.
-    return type(value).__name__ == "Timeout" and type(value).__module__.split(".")[0] in (
-        "httpx",
-        "httpx2",
-    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

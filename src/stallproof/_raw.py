@@ -49,8 +49,8 @@ class PerCall:
     """The per-call arguments every method takes besides its own parameters.
 
     ``agent`` and ``labels`` are checked here, for every method; ``timeout`` when it is
-    resolved against the client's bounds (`Timeouts.coerce`), and ``retry`` by the engine,
-    which every face reaches (an omitted one is `UNSET`: the client's policy).
+    resolved against the client's bounds (`_faces._compat.timeouts_from`), and ``retry``
+    by the engine, which every face reaches (an omitted one is `UNSET`: the client's policy).
 
     Raises:
         InvalidRequestError: an ``agent`` that is not a str, or ``labels`` that do not map

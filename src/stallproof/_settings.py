@@ -17,6 +17,7 @@ from openai import NOT_GIVEN
 from . import _exceptions as exc
 from ._config import UNSET, Timeouts
 from ._engine import CallOptions, Outgoing
+from ._faces._compat import retry_from, timeouts_from
 from ._policies import Retry
 from ._redact import safe_url
 from ._request import encode_json, is_omitted
@@ -77,9 +78,10 @@ class Settings:
     ) -> Settings:
         """Validate openai's client arguments; env vars fill what is not given, as in openai.
 
-        ``timeout``: a number (the total budget), a `Timeouts` or an ``httpx.Timeout``.
-        ``max_retries=n`` means ``Retry(attempts=n + 1)``; ``retry`` sets the whole policy
-        (None: never retry); giving both is an error.
+        ``timeout``: a number (the total budget), a `Timeouts` or an ``httpx.Timeout`` /
+        ``httpx2.Timeout``; ``max_retries=n`` means ``Retry(attempts=n + 1)``; ``retry``
+        sets the whole policy (None: never retry); giving both is an error. Both are read
+        by `stallproof._faces._compat`, as for the SDK faces.
         """
         base_url = _given(base_url) or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         api_key = _given(api_key) or os.environ.get("OPENAI_API_KEY") or None
@@ -110,8 +112,8 @@ class Settings:
             # Never sent (requests carry the host alone): not kept either, so
             # ``str(client.base_url)`` and anything that prints it hold no credential.
             url = url.copy_with(username=None, password=None)
-        timeouts = Timeouts() if is_omitted(timeout) else Timeouts.coerce(timeout)
-        policy = _retry_policy(UNSET if is_omitted(retry) else retry, _given(max_retries))
+        timeouts = timeouts_from(timeout, Timeouts(), refuse_none=True)
+        policy = retry_from(retry, max_retries)
         headers = {"user-agent": _USER_AGENT, "accept": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
@@ -135,7 +137,7 @@ class Settings:
             organization=organization,
             project=project,
             timeout=timeouts,
-            retry=policy,
+            retry=Retry() if policy is UNSET else _NO_RETRY if policy is None else policy,
             default_headers=dict(default_headers or {}),
             default_query=dict(default_query or {}),
             headers=tuple(encode_headers(headers)),
@@ -163,8 +165,8 @@ class Settings:
         if "max_retries" in changes and "retry" not in changes:
             del inputs["retry"]  # the new count replaces the old policy
         inputs.update(changes)
-        if "timeout" in changes and not isinstance(changes["timeout"], Timeouts):
-            inputs["timeout"] = Timeouts.coerce(changes["timeout"], base=self.timeout)
+        if "timeout" in changes:
+            inputs["timeout"] = timeouts_from(changes["timeout"], self.timeout, refuse_none=True)
         return Settings.make(**inputs)
 
     # -- requests ------------------------------------------------------------------------
@@ -238,24 +240,6 @@ class Settings:
 def _given(value: object) -> Any:
     """None for openai's NOT_GIVEN / omit (and for None), else the value."""
     return None if is_omitted(value) else value
-
-
-def _retry_policy(retry: object, max_retries: object) -> Retry:
-    if max_retries is not None:
-        if retry is not UNSET:
-            raise exc.InvalidRequestError(
-                "pass either retry= (a whole Retry policy) or max_retries= (a count), not both"
-            )
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise exc.InvalidRequestError(f"max_retries must be an int >= 0, got {max_retries!r}")
-        return Retry(attempts=max_retries + 1)
-    if retry is UNSET:
-        return Retry()
-    if retry is None:
-        return _NO_RETRY
-    if not isinstance(retry, Retry):
-        raise exc.InvalidRequestError(f"retry must be a Retry or None, got {retry!r}")
-    return retry
 
 
 def _encode_query(query: Mapping[str, object] | None) -> bytes:

@@ -30,11 +30,15 @@ import httpx2
 
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
+from ._faces._compat import http_library
 from ._faces._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
 from ._faces._sync_sdk import SyncFaceMixin
 from ._policies import Breaker, Pacer, Retry, RetryBudget
 
 __all__ = ["Anthropic", "AsyncAnthropic"]
+
+# httpx2 for anthropic >= 1, httpx for 0.x: the library of the client built below.
+_HTTP = http_library(anthropic)
 
 
 class _AnthropicFace(FaceMixin):
@@ -72,11 +76,12 @@ class _AnthropicFace(FaceMixin):
                     "provider_name": "anthropic",
                 },
                 engine=engine,
-                allow_httpx=False,
+                sdk=anthropic,
+                either_library=False,
                 sync=self._sync,
             )
         super().__init__(  # type: ignore[call-arg]  # the SDK's client, next in the MRO
-            timeout=self._stallproof.sdk_timeout(),
+            timeout=self._stallproof.sdk_timeout(_HTTP),
             max_retries=0,
             http_client=http_client,
             **kwargs,

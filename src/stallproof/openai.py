@@ -4,9 +4,10 @@ A subclass of ``openai.AsyncOpenAI``: every resource, type, helper and error of 
 works as before (responses, embeddings, ``parse``, ``with_raw_response``...). What changes:
 
 - every request goes through stallproof's engine (an `AsyncTransport2` under the SDK's
-  ``httpx2.AsyncClient``): one total deadline over the whole call including the engine's
-  retries, per-phase bounds, ``first_token`` and ``idle`` counted on content-bearing SSE
-  events, the breaker, the pacer and the in-flight view;
+  ``httpx2.AsyncClient`` on openai >= 3, an `AsyncTransport` under an ``httpx.AsyncClient``
+  on openai 1.x/2.x, which run on plain httpx): one total deadline over the whole call
+  including the engine's retries, per-phase bounds, ``first_token`` and ``idle`` counted
+  on content-bearing SSE events, the breaker, the pacer and the in-flight view;
 - the SDK's own retry loop is off (``max_retries=0``): the engine retries inside the
   deadline, so retries never multiply the budget;
 - a bound that fires reaches you as ``openai.APITimeoutError`` whose ``__cause__`` is the
@@ -24,7 +25,7 @@ Example:
 stallproof's engine loop (a daemon thread, see docs/sync.md) with the same bounds, retries
 and errors, and the calling thread is released when a bound fires.
 
-Needs ``pip install 'stallproof[openai]'`` (openai >= 3).
+Needs ``pip install 'stallproof[openai]'``: openai >= 1.109, tested on 2.x and 3.x.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ import openai
 
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
+from ._faces._compat import http_library
 from ._faces._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
 from ._faces._sync_sdk import SyncFaceMixin
 from ._policies import Breaker, Pacer, Retry, RetryBudget
 
 __all__ = ["AsyncOpenAI", "OpenAI"]
+
+# httpx2 for openai >= 3, httpx for 1.x/2.x: the library of the client built below.
+_HTTP = http_library(openai)
 
 
 class _OpenAIFace(FaceMixin):
@@ -82,11 +87,12 @@ class _OpenAIFace(FaceMixin):
                     "limits": limits,
                 },
                 engine=engine,
-                allow_httpx=True,
+                sdk=openai,
+                either_library=True,
                 sync=self._sync,
             )
         super().__init__(  # type: ignore[call-arg]  # the SDK's client, next in the MRO
-            timeout=self._stallproof.sdk_timeout(),
+            timeout=self._stallproof.sdk_timeout(_HTTP),
             max_retries=0,
             http_client=http_client,
             **kwargs,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -18,9 +19,11 @@ import openai
 import pytest
 
 import stallproof
+import stallproof.openai
 from stallproof import Timeouts
 
-from ..support.timing import MARGIN
+from ..support.clients import OPENAI_HTTP
+from ..support.timing import MARGIN, stopwatch
 
 # litellm (and dspy through it) fetches its model price map from the network at import
 # unless told to use the copy it ships; this machine has no network to wait for.
@@ -84,13 +87,60 @@ class Hardened:
             base_url=base_url, api_key=KEY, http_client=self.http_client2(budget), max_retries=0
         )
 
-    def assert_released(self) -> None:
-        """Nothing in flight and no connection held, in every client this test made."""
+    def sync_http_client(self, budget: Timeouts = BUDGET) -> Any:
+        """The sync http client of the library the installed openai runs on (httpx2 on
+        openai 3, httpx on openai 2): what sync recipes hand ``openai.OpenAI``."""
+        make = (
+            stallproof.sync_http_client2
+            if OPENAI_HTTP.__name__ == "httpx2"
+            else (stallproof.sync_http_client)
+        )
+        http = make(timeout=budget, retry=None)
+        self.clients.append(http)
+        return http
+
+    def async_http_client(self, budget: Timeouts = BUDGET) -> Any:
+        """The same for ``openai.AsyncOpenAI``."""
+        if OPENAI_HTTP.__name__ == "httpx2":
+            return self.http_client2(budget)
+        http = stallproof.http_client(timeout=budget, retry=None)
+        self.clients.append(http)
+        return http
+
+    def sync_face(self, base_url: str, budget: Timeouts = BUDGET) -> Any:
+        """``stallproof.openai.OpenAI``: the SDK's sync client, hardened."""
+        face = stallproof.openai.OpenAI(base_url=base_url, api_key=KEY, timeout=budget, retry=None)
+        self.clients.append(face._client)
+        return face
+
+    def async_face(self, base_url: str, budget: Timeouts = BUDGET) -> Any:
+        """``stallproof.openai.AsyncOpenAI``: the SDK's async client, hardened."""
+        face = stallproof.openai.AsyncOpenAI(
+            base_url=base_url, api_key=KEY, timeout=budget, retry=None
+        )
+        self.clients.append(face._client)
+        return face
+
+    def held(self, *, sync_only: bool = False) -> list[Any]:
+        """What any client this test made still holds: calls in flight, pool stats with a
+        connection held (every sync client only: an async client's views need its loop)."""
+        held: list[Any] = []
         for http in self.clients:
-            transport = http._transport
-            assert transport.inflight() == ()
+            if sync_only and hasattr(http, "aclose"):
+                continue
+            transport = http._transport  # sync or async: its views work from any thread
             stats = transport.engine.pool.stats()
-            assert stats.nothing_held, stats
+            held += [*transport.inflight(), *([] if stats.nothing_held else [stats])]
+        return held
+
+    def assert_released(self, *, sync_only: bool = False) -> None:
+        """Nothing in flight and no connection held, in every client this test made. A
+        framework that runs a sync turn in a worker thread of its own (crewai's
+        kickoff_async) gets STEP_LATE for that thread's call to end at the deadline too."""
+        give_up = time.monotonic() + STEP_LATE
+        while (held := self.held(sync_only=sync_only)) and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert held == []
 
 
 @pytest.fixture
@@ -99,7 +149,22 @@ async def hardened() -> AsyncIterator[Hardened]:
     yield h
     h.assert_released()
     for http in h.clients:
-        await http.aclose()
+        if hasattr(http, "aclose"):
+            await http.aclose()
+        else:
+            http.close()
+
+
+@pytest.fixture
+def hardened_sync() -> Iterator[Hardened]:
+    """`hardened` for a sync test: its sync clients closed at the end (an async one a
+    recipe built for its async path was never used there, so holds nothing)."""
+    h = Hardened()
+    yield h
+    h.assert_released(sync_only=True)
+    for http in h.clients:
+        if not hasattr(http, "aclose"):
+            http.close()
 
 
 @pytest.fixture
@@ -145,3 +210,59 @@ STALLS = [HALF_OPEN, KEEPALIVE, SSE_STALL]
 # stallproof.TimeoutException that is also an httpx2.TimeoutException) through openai < 3.4,
 # which lets it through its stream iterator; later 3.x wrap it in APITimeoutError.
 MID_STREAM: tuple[type[Exception], ...] = (openai.APITimeoutError, stallproof.TimeoutException)
+
+
+# One agent turn, as the issue's recipes must end it: a body trickled a byte at a time, SSE
+# keep-alives and never a token, a server that never sends its headers. Each recipe runs
+# the turn inside `stallproof.deadline(STEP)`, so the framework's own work before and
+# between requests counts, and must end within STEP + STEP_LATE, measured around the block.
+TRICKLE = Stall("trickle_body", stream=False, bound="total", mid_stream=False, interval=0.2)
+NO_HEADERS = Stall("stall_headers", stream=False, bound="first_token", mid_stream=False)
+TURN_STALLS = [TRICKLE, KEEPALIVE, NO_HEADERS]
+STEP = BUDGET.total
+STEP_LATE = 0.25
+
+
+def turn_ends_in_time(
+    turn: Callable[[], object], name: str, *, reported: Callable[[Any], bool] | None = None
+) -> object:
+    """Run a sync ``turn`` inside ``deadline(STEP)``; it must end within STEP + STEP_LATE,
+    raising with a stallproof error in the chain. ``reported``, for a framework that
+    reports a failed turn in its result instead, or raises an error of its own without the
+    chain: what it returned or raised must say the turn failed."""
+    with stopwatch() as elapsed:
+        try:
+            with stallproof.deadline(STEP, name=name):
+                result: object = turn()
+        except Exception as e:
+            result = e
+    return _ended(result, elapsed[0], reported)
+
+
+async def aturn_ends_in_time(
+    turn: Callable[[], Awaitable[object]],
+    name: str,
+    *,
+    reported: Callable[[Any], bool] | None = None,
+) -> object:
+    """`turn_ends_in_time` for an async turn."""
+    with stopwatch() as elapsed:
+        try:
+            with stallproof.deadline(STEP, name=name):
+                result: object = await turn()
+        except Exception as e:
+            result = e
+    return _ended(result, elapsed[0], reported)
+
+
+def _ended(result: object, elapsed: float, reported: Callable[[Any], bool] | None) -> object:
+    assert elapsed <= STEP + STEP_LATE, (elapsed, result)
+    if isinstance(result, BaseException):
+        # The stallproof error in the chain; or, for a framework that drops the chain, an
+        # error that says the turn failed (the deadline's own DeadlineExceeded included).
+        if reported is None or not reported(result):
+            stallproof_cause(result)
+    else:
+        assert reported is not None, f"the turn did not fail: {result!r}"
+        assert reported(result), result
+    return result

@@ -1,59 +1,71 @@
-"""llama-index: a hardened AsyncOpenAI handed to its OpenAI LLM.
+"""llama-index (openai 2): its OpenAI LLM given stallproof's SDK faces as ``openai_client``
+(``complete``, sync) and ``async_openai_client`` (``acomplete``), each inside
+``stallproof.deadline()``.
 
-llama-index-llms-openai cannot be installed next to openai 3 today (its newest release pins
-``openai<3``; older ones pin llama-index-core 0.10, which pins ``tenacity<9`` against
-stallproof's ``tenacity>=9``), so the ``frameworks`` extra leaves it out and these tests skip
-saying so. The recipe is written for the openai 2.x it runs on (plain httpx); they run as
-they are wherever it is installed.
+llama-index-llms-openai 0.8 pins ``openai<3``: it runs in the openai 2 venv of
+``make test-frameworks`` (the ``frameworks-openai2`` extra), where the faces build their
+clients on plain httpx.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import openai
 import pytest
 
-from ..support.timing import stopwatch
-from .conftest import BUDGET, HALF_OPEN, KEY, LATE, Hardened, require, stallproof_cause
+from .conftest import (
+    KEY,
+    TURN_STALLS,
+    Hardened,
+    Stall,
+    aturn_ends_in_time,
+    require,
+    turn_ends_in_time,
+)
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.anyio]
-NOT_WITH_OPENAI_3 = (
-    "llama-index-llms-openai needs openai<3 (and its older releases tenacity<9): it cannot "
-    "be installed with openai 3 and stallproof, see docs/frameworks.md"
-)
 
 
 @pytest.fixture
 def llama_openai() -> Any:
-    return require("llama_index.llms.openai", NOT_WITH_OPENAI_3)
+    return require(
+        "llama_index.llms.openai",
+        "llama-index-llms-openai is not installed (stallproof[frameworks-openai2], openai < 3)",
+    )
 
 
 def recipe(llama_openai: Any, hardened: Hardened, base_url: str) -> Any:
-    # openai 2.x runs on plain httpx: the httpx flavour of the engine.
-    client = openai.AsyncOpenAI(
-        base_url=base_url, api_key=KEY, http_client=hardened.http_client(), max_retries=0
-    )
     return llama_openai.OpenAI(
         model="gpt-4o-mini",  # a name llama-index knows; the fault server answers any
         api_base=base_url,
         api_key=KEY,
-        async_openai_client=client,
+        openai_client=hardened.sync_face(base_url),  # complete / chat
+        async_openai_client=hardened.async_face(base_url),  # acomplete / achat
         max_retries=0,  # llama-index's own retry decorator
     )
 
 
-async def test_healthy_answer(llama_openai: Any, hardened: Hardened, fault_scope: Any) -> None:
+def test_healthy_sync(llama_openai: Any, hardened_sync: Hardened, fault_scope: Any) -> None:
+    llm = recipe(llama_openai, hardened_sync, fault_scope.url())
+    assert str(llm.complete("hello there").text).startswith("echo:")
+
+
+async def test_healthy_async(llama_openai: Any, hardened: Hardened, fault_scope: Any) -> None:
     llm = recipe(llama_openai, hardened, fault_scope.url())
     assert str((await llm.acomplete("hello there")).text).startswith("echo:")
 
 
-async def test_stall_ends_within_budget(
-    llama_openai: Any, hardened: Hardened, fault_scope: Any, attempts: Any
+@pytest.mark.parametrize("stall", TURN_STALLS, ids=repr)
+def test_sync_turn_ends_in_time(
+    llama_openai: Any, hardened_sync: Hardened, fault_scope: Any, stall: Stall
 ) -> None:
-    llm = recipe(llama_openai, hardened, HALF_OPEN.url(fault_scope))
-    with stopwatch() as elapsed, pytest.raises(openai.APITimeoutError) as info:
-        await llm.acomplete("hello there")
-    assert elapsed[0] <= BUDGET.total + LATE
-    assert stallproof_cause(info.value).bound == HALF_OPEN.bound
-    assert attempts(fault_scope) == 1
+    llm = recipe(llama_openai, hardened_sync, stall.url(fault_scope))
+    turn_ends_in_time(lambda: llm.complete("hello there"), "llama-index complete")
+
+
+@pytest.mark.parametrize("stall", TURN_STALLS, ids=repr)
+async def test_async_turn_ends_in_time(
+    llama_openai: Any, hardened: Hardened, fault_scope: Any, stall: Stall
+) -> None:
+    llm = recipe(llama_openai, hardened, stall.url(fault_scope))
+    await aturn_ends_in_time(lambda: llm.acomplete("hello there"), "llama-index acomplete")

@@ -19,6 +19,7 @@ import stallproof
 
 from ..support.clients import MakeClient, assert_pool_clean
 from ..support.timing import MARGIN, stopwatch
+from .conftest import require
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.anyio]
 
@@ -42,6 +43,7 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 
 async def test_pydantic_ai(fault_server: Any, make_client: MakeClient) -> None:
+    require("pydantic_ai", "pydantic-ai is not installed (stallproof[frameworks])")
     from pydantic_ai import Agent
 
     try:
@@ -71,6 +73,7 @@ async def test_pydantic_ai(fault_server: Any, make_client: MakeClient) -> None:
 
 
 async def test_openai_agents(fault_server: Any, make_client: MakeClient) -> None:
+    require("agents", "openai-agents is not installed (stallproof[frameworks])")
     from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner
 
     def agent(client: stallproof.Client) -> Agent[None]:
@@ -100,6 +103,7 @@ async def test_openai_agents(fault_server: Any, make_client: MakeClient) -> None
 async def test_autogen_ext(fault_server: Any, make_client: MakeClient) -> None:
     """autogen-ext's `BaseOpenAIChatCompletionClient` takes the client as is; structured
     output goes through ``client.beta.chat.completions.parse``."""
+    require("autogen_ext.models.openai", "autogen-ext is not installed (stallproof[frameworks])")
     from autogen_core.models import CreateResult, ModelInfo, UserMessage
     from autogen_ext.models.openai import BaseOpenAIChatCompletionClient
     from pydantic import BaseModel

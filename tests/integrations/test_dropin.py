@@ -178,7 +178,7 @@ async def test_the_query_goes_on_every_request(fault_server: Any, make_client: M
     ("kwargs", "match"),
     [
         ({"timeout": None}, "timeout=None would let a call run forever"),
-        ({"max_retries": 2, "retry": None}, "either retry= .* or max_retries="),
+        ({"max_retries": 2, "retry": None}, "pass retry= or max_retries=, not both"),
         ({"max_retries": -1}, "max_retries must be an int >= 0"),
         ({"organization": 3}, "organization must be a str"),
     ],

@@ -18,7 +18,7 @@ import stallproof
 import stallproof.anthropic
 import stallproof.openai
 
-from ..support.clients import KEY, sdk_pool_held
+from ..support.clients import KEY, OPENAI_HTTP, OPENAI_MAJOR, sdk_pool_held
 from ..support.sdk_catalogue import BUDGET
 from ..support.timing import MARGIN, SentClock, stopwatch
 
@@ -54,7 +54,8 @@ def test_importing_stallproof_imports_no_optional_sdk() -> None:
 def test_the_faces_are_the_sdks_clients() -> None:
     client = face("http://127.0.0.1:9/v1")
     assert isinstance(client, openai.AsyncOpenAI) and client.max_retries == 0
-    assert isinstance(client._client, httpx2.AsyncClient)
+    # The library the installed SDK runs on: httpx2 on openai 3, httpx on openai 1.x/2.x.
+    assert isinstance(client._client, OPENAI_HTTP.AsyncClient)
     assert client.timeouts == BUDGET
     claude = stallproof.anthropic.AsyncAnthropic(api_key=KEY, timeout=BUDGET)
     assert isinstance(claude, anthropic.AsyncAnthropic) and claude.max_retries == 0
@@ -189,7 +190,10 @@ async def test_the_stock_sdk_on_stallproofs_httpx2_client(fault_server: Any) -> 
         with pytest.raises(openai.APITimeoutError) as info:
             async for _ in await ask(c, stream=True):
                 pass
-        assert isinstance(info.value.__cause__, stallproof.IdleTimeout)
+        # openai 2 lets the transport's error met mid-stream through raw (it is also an
+        # openai.APITimeoutError); openai 3 wraps it, the stallproof error as its cause.
+        raised = info.value.__cause__ if OPENAI_MAJOR >= 3 else info.value
+        assert isinstance(raised, stallproof.IdleTimeout)
         assert clock.elapsed() <= BUDGET.total + MARGIN
         assert sdk_pool_held(c) == {"requests": 0, "active": 0}
 

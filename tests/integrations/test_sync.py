@@ -25,7 +25,7 @@ import stallproof.anthropic
 import stallproof.openai
 from stallproof._faces._engine_loop import home_of
 
-from ..support.clients import KEY
+from ..support.clients import KEY, OPENAI_HTTP
 from ..support.sdk_catalogue import BUDGET, limit_of
 from ..support.timing import MARGIN, SentClock, stopwatch, wait_until_sync
 
@@ -93,8 +93,10 @@ def assert_bounded(error: BaseException, elapsed: float, sdk_error: type[Excepti
 def test_the_sync_faces_are_the_sdks_sync_clients() -> None:
     client = stallproof.openai.OpenAI(api_key=KEY, base_url="http://127.0.0.1:9/v1")
     assert isinstance(client, openai.OpenAI) and client.max_retries == 0
-    assert isinstance(client._client, httpx2.Client)
-    assert isinstance(client._client._transport, stallproof.Transport2)
+    # The library the installed SDK runs on: httpx2 on openai 3, httpx on openai 1.x/2.x.
+    assert isinstance(client._client, OPENAI_HTTP.Client)
+    transport = stallproof.Transport2 if OPENAI_HTTP is httpx2 else stallproof.Transport
+    assert isinstance(client._client._transport, transport)
     claude = stallproof.anthropic.Anthropic(api_key=KEY)
     assert isinstance(claude, anthropic.Anthropic) and claude.max_retries == 0
     assert isinstance(stallproof.sync_http_client(), httpx.Client)
@@ -619,7 +621,7 @@ def test_the_process_exits_at_once_with_a_sync_call_stalled(
 
 _FORK_AFTER_THE_LOOP_STARTED = """
 import os, sys
-import stallproof, stallproof.openai
+import openai, stallproof, stallproof.openai
 messages = [{"role": "user", "content": "hi"}]
 parent = stallproof.openai.OpenAI(api_key="k", base_url=sys.argv[1], timeout=5, retry=None)
 parent.chat.completions.create(model="m", messages=messages)  # the loop runs; engine used
@@ -634,8 +636,10 @@ if pid == 0:
         try:
             parent.chat.completions.create(model="m", messages=messages)
             code = 3
-        except stallproof.InvalidRequestError as e:  # refused, clearly, before anything
-            if "os.fork()" not in str(e):
+        except (stallproof.InvalidRequestError, openai.APIConnectionError) as e:
+            # Refused, clearly, before anything: openai 3 lets the error through, openai 2
+            # wraps it in APIConnectionError (as it wraps any error its transport raises).
+            if "os.fork()" not in str(e) + str(e.__cause__):
                 code = 4
     except BaseException as e:
         print(repr(e), flush=True)

@@ -6,6 +6,8 @@ import warnings
 from typing import Any, Protocol
 
 import httpx
+import httpx2
+import openai
 
 import stallproof
 from stallproof._wire._pool import PoolStats
@@ -20,6 +22,11 @@ class MakeClient(Protocol):
 
 # A fake API key; tests assert it never shows up in reprs, errors, logs or spans.
 KEY = "sk-test-SECRET-0123456789"
+
+# The installed openai's major: 3 runs on httpx2, 1 and 2 on plain httpx (`make test` runs
+# on openai 3, `make test-openai2` on openai 2). Read from its version, not from stallproof.
+OPENAI_MAJOR = int(openai.__version__.split(".")[0])
+OPENAI_HTTP = httpx2 if OPENAI_MAJOR >= 3 else httpx
 
 
 async def warm(client: stallproof.Client) -> None:

@@ -26,6 +26,9 @@ module            what is in it
                   the SDK's own classes)
 `_sync_sdk`       `SyncFaceMixin`: a sync SDK face's views, read on the engine loop
 `_own_client`     a caller's own httpx/httpx2 client kept under a face
+`_compat`         the SDKs' fragile details, whatever major is installed: the HTTP
+                  library each runs on (httpx or httpx2), their ``timeout=`` and
+                  ``max_retries=`` in our terms; used by every face and `Client`
 `_streams`        an SDK stream without a reference cycle: dropped, freed at once
 `_typed`          every failure typed where an SDK parses: bodies (``json()``),
                   stream events, and results with required parts missing

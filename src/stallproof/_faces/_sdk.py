@@ -2,12 +2,15 @@
 stallproof's terms.
 
 `stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAnthropic` are the SDKs'
-own clients with one change: every request goes through an `Engine` (as the
-`AsyncTransport2` of their ``httpx2.AsyncClient``), and each request carries this client's
-`Timeouts` and `Retry` to the engine as `CallOptions`. The engine is shared by every
-``copy()`` / ``with_options()`` of a client, like the SDK shares its http client.
+own clients with one change: every request goes through an `Engine` (as the transport of
+their HTTP client: an ``httpx2.AsyncClient`` with `AsyncTransport2` for openai >= 3 and
+anthropic >= 1, an ``httpx.AsyncClient`` with `AsyncTransport` for openai 1.x/2.x and
+anthropic 0.x, as `_compat.http_library` reads it from the installed SDK), and each
+request carries this client's `Timeouts` and `Retry` to the engine as `CallOptions`. The
+engine is shared by every ``copy()`` / ``with_options()`` of a client, like the SDK shares
+its http client.
 
-How the SDK's settings map:
+How the SDK's settings map (`_compat`, the one place that knows them):
 
 - ``timeout=``: a `Timeouts` is used as is; a number is the total budget; an
   ``httpx2.Timeout`` (or ``httpx.Timeout``) sets connect/read/write/pool; None keeps the
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Iterator, Mapping
+from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
 import httpx
@@ -38,56 +42,23 @@ from .._engine import CallOptions, Engine
 from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._policies import Retry
+from ._compat import http_library, phase_timeout, retry_from, timeouts_from
 from ._own_client import adopt
 from ._streams import without_cycle
 from ._sync_transport import Transport, Transport2
 from ._transport import AsyncTransport, AsyncTransport2
 from ._typed import TypedEvent, check_result, invalid_result, unsendable_header
 
-__all__ = ["FaceMixin", "Hardening", "TranslatingDecoder", "harden", "map_timeout", "rebind"]
+__all__ = ["FaceMixin", "Hardening", "TranslatingDecoder", "harden", "rebind"]
 
-_PHASES = ("connect", "read", "write", "pool")
 _F = TypeVar("_F", bound="FaceMixin")
-
-
-def map_timeout(value: object, base: Timeouts) -> Timeouts:
-    """An SDK's ``timeout=`` value in stallproof's terms, on top of ``base``.
-
-    Raises:
-        InvalidRequestError: a value that is none of the accepted kinds, or a bad number.
-    """
-    if isinstance(value, Timeouts):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return Timeouts.coerce(value, base=base)
-    if isinstance(value, (httpx2.Timeout, httpx.Timeout)):
-        phases = {name: float(v) for name in _PHASES if (v := getattr(value, name)) is not None}
-        return base.replace(**phases) if phases else base
-    if value is None or _not_given(value):
-        return base
-    raise exc.InvalidRequestError(
-        "timeout must be a stallproof.Timeouts, a number of seconds or an httpx2.Timeout, "
-        f"got {type(value).__name__}"
-    )
-
-
-def _not_given(value: object) -> bool:
-    # The SDKs each have their own NotGiven / Omit sentinels; they share the names.
-    return value is UNSET or type(value).__name__ in ("NotGiven", "Omit")
-
-
-def _retry_from(retry: Retry | Unset | None, max_retries: object) -> Retry | Unset | None:
-    if max_retries is UNSET or _not_given(max_retries):
-        return retry
-    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-        raise exc.InvalidRequestError(f"max_retries must be an int >= 0, got {max_retries!r}")
-    if retry is not UNSET:
-        raise exc.InvalidRequestError(
-            "pass retry= or max_retries=, not both (max_retries=N means Retry(attempts=N + 1))"
-        )
-    if max_retries == 0:
-        return None
-    return Retry(attempts=max_retries + 1)
+# The engine's adapter for each (library, sync) pair.
+_TRANSPORTS: dict[tuple[ModuleType, bool], type[Any]] = {
+    (httpx, False): AsyncTransport,
+    (httpx2, False): AsyncTransport2,
+    (httpx, True): Transport,
+    (httpx2, True): Transport2,
+}
 
 
 def engine_of(http_client: object) -> Engine | None:
@@ -114,45 +85,51 @@ class Hardening:
         the JSON body the SDK is sending (so the engine need not parse it again) and the
         SDK's auth header names (dropped on a redirect to another origin)."""
         return CallOptions(
-            timeouts=map_timeout(per_call_timeout, self.timeouts),
+            timeouts=timeouts_from(per_call_timeout, self.timeouts),
             retry=self.retry,
             body=body if isinstance(body, dict) else None,
             credentials=credentials,
         )
 
-    def sdk_timeout(self) -> httpx2.Timeout:
-        """The bounds as the SDK's ``timeout``: its per-phase values match the engine's."""
-        t = self.timeouts
-        return httpx2.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
+    def sdk_timeout(self, lib: ModuleType) -> Any:
+        """The bounds as the SDK's ``timeout`` (``lib``'s ``Timeout``): its per-phase
+        values match the engine's."""
+        return phase_timeout(lib, self.timeouts)
 
     def derive(self, *, timeout: object, max_retries: object) -> Hardening:
         """This link for a ``copy()``: same engine, bounds and retry changed as asked."""
-        timeouts = self.timeouts if _not_given(timeout) else map_timeout(timeout, self.timeouts)
-        retry = _retry_from(UNSET, max_retries)
+        timeouts = timeouts_from(timeout, self.timeouts)
+        retry = retry_from(UNSET, max_retries)
         return Hardening(self.engine, timeouts, self.retry if retry is UNSET else retry)
 
 
 def harden(
     http_client: Any,
     *,
+    sdk: ModuleType,
     timeout: object,
     retry: Retry | Unset | None,
     max_retries: object,
     settings: dict[str, Any],
     engine: Engine | None,
-    allow_httpx: bool,
+    either_library: bool,
     sync: bool = False,
 ) -> tuple[Hardening, Any]:
-    """The engine for a new face, and the http client to hand the SDK.
+    """The engine for a new face of ``sdk`` (the ``openai`` or ``anthropic`` module), and
+    the http client to hand the SDK.
 
-    With no ``http_client``, ``engine`` (or a new one from ``settings``) under a new
-    ``httpx2.AsyncClient``. With one built by stallproof (`http_client2()`, or an
-    ``httpx2.AsyncClient(transport=AsyncTransport2(...))``), its engine. With the caller's
-    own client, a new engine installed as its transport (`stallproof._faces._own_client`).
-    ``sync``: the same for a sync face, with ``httpx2.Client`` and `Transport2`; a caller's
-    own sync client is refused (its transports block: the engine cannot send through them).
+    With no ``http_client``, ``engine`` (or a new one from ``settings``) under a new client
+    of the library the installed SDK runs on (`_compat.http_library`). With one built by
+    stallproof (`http_client2()` / `http_client()`, or a client with our transport), its
+    engine. With the caller's own client, a new engine installed as its transport
+    (`stallproof._faces._own_client`). ``either_library``: the SDK takes a client of
+    either library (openai), not only its own (anthropic). ``sync``: the same for a sync
+    face, with the library's ``Client`` and `Transport2` / `Transport`; a caller's own sync
+    client is refused (its transports block: the engine cannot send through them).
     """
-    retry = _retry_from(retry, max_retries)
+    lib = http_library(sdk)
+    kind = "Client" if sync else "AsyncClient"
+    retry = retry_from(retry, max_retries)
     settings = {k: v for k, v in settings.items() if v is not UNSET}
     if engine is not None and (settings or http_client is not None):
         given = sorted(settings) + (["http_client"] if http_client is not None else [])
@@ -160,7 +137,7 @@ def harden(
     if engine is not None and not isinstance(engine, Engine):
         raise exc.InvalidRequestError(f"engine must be an Engine, got {engine!r}")
     if http_client is None:
-        timeouts = map_timeout(timeout, engine.timeout if engine is not None else Timeouts())
+        timeouts = timeouts_from(timeout, engine.timeout if engine is not None else Timeouts())
         if engine is None:
             if retry is not UNSET:
                 settings["retry"] = retry
@@ -168,28 +145,18 @@ def harden(
         hardening = Hardening(engine, timeouts, retry)
         # The engine follows redirects itself, inside the call's one deadline: this client
         # never sees one (see `stallproof._redirects`).
-        client: httpx2.Client | httpx2.AsyncClient
-        if sync:
-            client = httpx2.Client(
-                transport=Transport2(engine),
-                timeout=hardening.sdk_timeout(),
-                follow_redirects=False,
-            )
-        else:
-            client = httpx2.AsyncClient(
-                transport=AsyncTransport2(engine),
-                timeout=hardening.sdk_timeout(),
-                follow_redirects=False,
-            )
+        client = getattr(lib, kind)(
+            transport=_TRANSPORTS[lib, sync](engine),
+            timeout=hardening.sdk_timeout(lib),
+            follow_redirects=False,
+        )
         return hardening, client
-    kind = "Client" if sync else "AsyncClient"
-    kinds = (
-        (getattr(httpx2, kind), getattr(httpx, kind)) if allow_httpx else (getattr(httpx2, kind),)
-    )
+    kinds = tuple(getattr(m, kind) for m in ((httpx2, httpx) if either_library else (lib,)))
     if not isinstance(http_client, kinds):
-        wanted = f"an httpx2.{kind}" + (f" or httpx.{kind}" if allow_httpx else "")
+        wanted = " or ".join(f"an {k.__module__.split('.')[0]}.{kind}" for k in kinds)
         raise exc.InvalidRequestError(
-            f"http_client must be {wanted}, got {type(http_client).__name__}"
+            f"http_client must be {wanted} for {sdk.__name__} "
+            f"{getattr(sdk, '__version__', '')}, got {type(http_client).__name__}"
         )
     engine = engine_of(http_client)
     if engine is None and sync:
@@ -199,7 +166,7 @@ def harden(
             "block, and stallproof's engine cannot send through them"
         )
     if engine is None:  # the caller's own client: the engine becomes its transport
-        timeouts = map_timeout(timeout, Timeouts())
+        timeouts = timeouts_from(timeout, Timeouts())
         if retry is not UNSET:
             settings["retry"] = retry
         engine = adopt(http_client, timeout=timeouts, **settings)
@@ -208,7 +175,7 @@ def harden(
         raise exc.InvalidRequestError(
             f"this http_client already has its engine: pass {sorted(settings)} to it, not here"
         )
-    return Hardening(engine, map_timeout(timeout, engine.timeout), retry), http_client
+    return Hardening(engine, timeouts_from(timeout, engine.timeout), retry), http_client
 
 
 class FaceMixin:
@@ -300,7 +267,7 @@ def rebind(hardening: Hardening, http_client: Any) -> Hardening:
     engine = engine_of(http_client)
     if engine is None:
         raise exc.InvalidRequestError(
-            f"http_client must be built by stallproof.http_client2(), got "
+            f"http_client must be built by stallproof.http_client2() / http_client(), got "
             f"{type(http_client).__name__}: stallproof's bounds live in the transport"
         )
     return dataclasses.replace(hardening, engine=engine)

@@ -37,6 +37,7 @@ from .._engine import CallOptions, Engine, Incoming, Outgoing
 from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._redact import redacted_request
+from ._compat import phase_timeout, timeouts_from
 from ._typed import typed_json
 
 __all__ = ["AsyncTransport", "AsyncTransport2", "http_client", "http_client2"]
@@ -221,7 +222,9 @@ class _EngineFace:
             )
         if engine is not None and not isinstance(engine, Engine):
             raise exc.InvalidRequestError(f"engine must be an Engine, got {engine!r}")
-        self.engine = engine or Engine(timeout=Timeouts.coerce(timeout), **settings)
+        self.engine = engine or Engine(
+            timeout=timeouts_from(timeout, Timeouts(), refuse_none=True), **settings
+        )
 
     def inflight(self, *, stalled_after: float = 5.0) -> tuple[InflightCall, ...]:
         """Every call through this transport in progress right now (see `Client.inflight`)."""
@@ -347,13 +350,6 @@ class AsyncTransport2(_EngineFace, httpx2.AsyncBaseTransport):
         return response
 
 
-def _client_timeout(lib: ModuleType, timeouts: Timeouts) -> Any:
-    # The library's own per-phase timeouts match ours, so they never tighten them.
-    return lib.Timeout(
-        connect=timeouts.connect, read=timeouts.read, write=timeouts.write, pool=timeouts.pool
-    )
-
-
 def engine_client(
     client_class: type[Any],
     transport_class: type[_EngineFace],
@@ -368,7 +364,7 @@ def engine_client(
         engine, **({"timeout": timeout} if engine is None else {}), **settings
     )
     lib = transport._lib.module
-    return client_class(transport=transport, timeout=_client_timeout(lib, transport.engine.timeout))
+    return client_class(transport=transport, timeout=phase_timeout(lib, transport.engine.timeout))
 
 
 def http_client(
