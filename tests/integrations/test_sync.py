@@ -639,6 +639,7 @@ if pid == 0:
         except stallproof.InvalidRequestError as e:  # refused, clearly, before anything
             if "os.fork()" not in str(e):
                 code = 4
+        parent.close()  # the parent's connections: left alone, no error
     except BaseException as e:
         print(repr(e), flush=True)
         code = 2
