@@ -105,8 +105,13 @@ class _SyncEngineFace(_EngineFace):
         return library_response(lib, incoming, request, stream)
 
     def close(self) -> None:
-        """Close the engine's connections (bounded)."""
-        self._home().call(self.engine.aclose, limit=_CLOSE_LIMIT + GRACE)
+        """Close the engine's connections (bounded). In a child process, an engine the
+        parent used is left alone: its connections are the parent's."""
+        try:
+            home = self._home()
+        except exc.InvalidRequestError:
+            return
+        home.call(self.engine.aclose, limit=_CLOSE_LIMIT + GRACE)
 
 
 class _SyncStreamBase:
