@@ -350,9 +350,7 @@ def test_32_threads_stalled_at_once_each_end_on_time(
     results = [f.result() for f in done]
     for elapsed, error in results:
         assert error is not None and isinstance(error.__cause__, stallproof.DeadlineExceeded)
-        assert elapsed <= total + MARGIN, sorted(
-            (round(e, 3), round(x.__cause__.elapsed, 3)) for e, x in results
-        )[-5:]
+        assert elapsed <= total + MARGIN, sorted(round(e, 3) for e, _ in results)[-5:]
     # No thread of ours left behind (the engine loop is one daemon thread, started once).
     left = {t for t in threading.enumerate() if t not in before and t.is_alive()}
     assert {t.name for t in left} <= {"stallproof-engine-loop"}
