@@ -37,6 +37,7 @@ falls back to this process's state alone when Redis does not answer in time.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import math
 
@@ -267,6 +268,15 @@ class PacerRuntime:
         self._queues: dict[str | None, collections.deque[_Waiter]] = {}
         self._ring: collections.deque[str | None] = collections.deque()  # ring[0]: the turn
         self._credit: dict[str | None, float] = {}
+        self._last_now = 0.0
+
+    def _now(self) -> float:
+        """The loop's clock. A release may come from a finaliser where no loop runs (a
+        stream dropped unread, freed at teardown or in another thread): then the latest time
+        this pacer read, a little stale, so that giving a permit back never raises."""
+        with contextlib.suppress(Exception):  # anyio's or sniffio's "no event loop here"
+            self._last_now = anyio.current_time()
+        return self._last_now
 
     @property
     def limit(self) -> int | None:
@@ -321,7 +331,7 @@ class PacerRuntime:
         if not is_number(deadline):
             raise invalid("deadline", "a finite time on anyio.current_time()'s clock", deadline)
         await anyio.lowlevel.checkpoint()
-        now = anyio.current_time()
+        now = self._now()
         waiter = _Waiter(agent, estimated_tokens, deadline, now)
         self._check_in_time(waiter, now)
         self._enqueue(waiter)
@@ -334,7 +344,7 @@ class PacerRuntime:
                     continue
                 if waiter.event.is_set():  # poked: sleep again with the new wake_at
                     waiter.event = anyio.Event()
-                now = anyio.current_time()
+                now = self._now()
                 if now >= waiter.wake_at:
                     waiter.wake_at = math.inf
                 self._check_in_time(waiter, now)
@@ -427,7 +437,7 @@ class PacerRuntime:
         queue.remove(waiter)
         if not queue:
             self._leave(waiter.agent)
-        self._dispatch(anyio.current_time())  # it may have been what blocked the others
+        self._dispatch(self._now())  # it may have been what blocked the others
 
     def _dispatch(self, now: float) -> None:
         """Grant queued calls in turn while capacity lasts; time the next try if a rate
@@ -462,7 +472,7 @@ class PacerRuntime:
         succeeded: bool,
         refund: bool = False,
     ) -> None:
-        now = anyio.current_time()
+        now = self._now()
         self._in_use -= 1
         tokens = 0 if refund else used_tokens
         if tokens is not None and self._tpm is not None and permit._tokens is not None:
