@@ -51,10 +51,13 @@ from ._exceptions import (
     WriteTimeout,
 )
 from ._faces._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
+from ._fleet._publish import InflightPublisher, publish_inflight
 from ._inflight import InflightCall, dump_on_signal, format_inflight, tag
+from ._local_socket import InflightServer, serve_inflight
 from ._pacer import PacerState
 from ._policies import DEFAULT_RETRY_STATUSES, Breaker, Pacer, RedisState, Retry, RetryBudget
 from ._raw import RawResponse, StreamingResponse
+from ._registry import inflight
 from ._resources import Embeddings, ModelList, ModelPage, Models
 from ._stream import AsyncStream
 from ._version import __version__ as __version__
@@ -88,7 +91,10 @@ __all__ = [
     "http_client",
     "http_client2",
     "IdleTimeout",
+    "inflight",
     "InflightCall",
+    "InflightPublisher",
+    "InflightServer",
     "InternalServerError",
     "InvalidRequestError",
     "Limits",
@@ -103,6 +109,7 @@ __all__ = [
     "PermissionDeniedError",
     "PoolTimeout",
     "ProtocolError",
+    "publish_inflight",
     "RateLimitError",
     "RawResponse",
     "ReadTimeout",
@@ -111,6 +118,7 @@ __all__ = [
     "Retry",
     "RetryBudget",
     "RetryWouldExceedDeadline",
+    "serve_inflight",
     "SharedStateUnavailable",
     "StallproofError",
     "StreamErrorEvent",

@@ -65,7 +65,8 @@ def loop_clock() -> Callable[[], float]:
 
     `anyio.current_time` finds the backend through sniffio on every call; a call reads
     the clock a dozen times, so it keeps the function it resolves to (asyncio's
-    ``loop.time``, trio's ``current_time``, which follows a test's ``MockClock``).
+    ``loop.time``, the trio run's clock's ``current_time``, a test's ``MockClock`` too).
+    Either answers from any thread: the process registry reads calls from other threads.
     """
     global _last_clock
     try:
@@ -83,7 +84,9 @@ def loop_clock() -> Callable[[], float]:
     if library == "trio":
         import trio
 
-        return trio.current_time
+        # The run's clock object (a test's MockClock too): its method, unlike
+        # `trio.current_time`, answers from any thread (`stallproof.inflight()` reads it).
+        return trio.lowlevel.current_clock().current_time
     return anyio.current_time  # pragma: no cover - another anyio backend
 
 

@@ -1,5 +1,6 @@
 """The fleet: a `Pacer`'s limits and a `Breaker`'s circuits shared across processes through
-Redis (``shared=RedisState(...)``, the ``redis`` extra; docs/fleet.md).
+Redis (``shared=RedisState(...)``, the ``redis`` extra; docs/fleet.md), and the calls each
+process has in flight, published for ``stallproof top`` (docs/debugging.md).
 
 The rule of this package: Redis is one more upstream that can be slow, down or stalled.
 Every operation goes through `SharedStore` with its own bound clipped to the call's
@@ -14,6 +15,8 @@ module       what is in it
 `_scripts`   the Lua scripts: every change to fleet state is one atomic script
 `_pacer`     `FleetPacer`, `FleetLease`: admission, leases, overload reports
 `_breaker`   `FleetBreaker`, `FleetVerdict`: the shared circuit and its one probe
+`_publish`   `InflightPublisher`: each process's calls in flight, for ``stallproof
+             top`` (a thread with its own loop and store); `read_tables`
 ============ ==================================================================
 """
 
