@@ -42,7 +42,9 @@ module                      what is in it
 **the answers**
 `_answer`                   the healthy answer a fault delivers: `Whole` or `Frames`
 `_formats`                  the APIs served, by path: `_openai`, `_anthropic`, `_responses`
-`_structured`               the JSON content answering a structured-output request
+`_structured`               the JSON content answering a structured-output request, and
+                            a tool call's arguments from the tool's schema
+`_tools`                    which tool an answer calls, as each API offers and chooses
 **proxy mode**
 `_proxy`                    ``upstream=``: a real server's answers, faults injected
 `_proxy_recording`          ``record=``: the exchanges with the upstream, to a file
@@ -60,10 +62,12 @@ module                      what is in it
 `_control_surface`          `ServerControls`: the methods both share (scenarios, mix,
                             stats, journal, verdicts, URLs)
 `_scope`                    `FaultScope`: one test's view through its key
-`_control_api`              the ``/_fault/`` HTTP control API; `_control_guard` guards it
+`_control_api`              the ``/_fault/`` HTTP control API; `_control_guard` guards it,
+                            `_control_worker` runs it in a thread off the loop
 `_state`                    what every connection shares; `_scenarios`, `_mix`, `_stats`,
                             `_journal`, `_bounded` are its parts
 `_verdict`                  `Verdict`: how a client behaved, judged from the journal
+`_metrics`                  ``GET /metrics``: requests in flight by phase, for Prometheus
 `_cli`, `pytest_plugin`     ``fault-server`` on the command line; the pytest fixtures
 =========================== ==============================================================
 """

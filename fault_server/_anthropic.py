@@ -24,9 +24,12 @@ from ._openai import (
     json_bytes,
     load_object,
     pieces_of,
+    read_tool,
     sse_event,
     text_of,
 )
+from ._structured import json_answer
+from ._tools import messages_tool
 
 __all__ = ["PING", "error_event", "message", "message_error", "message_stream", "parse_messages"]
 
@@ -68,14 +71,21 @@ def parse_messages(body: bytes) -> ChatRequest:
         if message_.get("role") == "user":
             last_user = text
     system = text_of(data.get("system"))
+    output = data.get("output_config")
+    tool = read_tool(messages_tool, data)
     return ChatRequest(
         model=model,
         text=last_user,
         prompt_tokens=sum(len(t.split()) for t in (system, *texts)),
         stream=data.get("stream") is True,
-        tool_name=_first_tool(data),
+        tool_name=tool.name if tool else None,
+        tool_schema=tool.schema if tool else None,
         max_tokens=max_tokens,
         api="messages",
+        # structured outputs (messages.parse(output_format=...)): its JSON schema.
+        json_text=json_answer(
+            output.get("format") if isinstance(output, dict) else None, "echo: " + last_user
+        ),
     )
 
 
@@ -174,17 +184,3 @@ def _message_delta(stop_reason: str, output: int) -> bytes:
             "usage": {"output_tokens": output},
         },
     )
-
-
-def _first_tool(data: dict[str, Any]) -> str | None:
-    tools = data.get("tools")
-    choice = data.get("tool_choice")
-    if not isinstance(tools, list) or not tools:
-        return None
-    if isinstance(choice, dict) and choice.get("type") == "none":
-        return None
-    first = tools[0]
-    name = first.get("name") if isinstance(first, dict) else None
-    if not isinstance(name, str) or not name:
-        raise RequestError("'tools[0].name' must be a non-empty string", "tools")
-    return name

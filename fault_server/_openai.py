@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._json_depth import loads as loads_limited
-from ._structured import json_answer
+from ._structured import json_answer, tool_arguments
+from ._tools import Tool, ToolError, chat_tool
 
 __all__ = [
     "DONE",
@@ -37,6 +38,7 @@ __all__ = [
     "models",
     "parse_chat",
     "pieces_of",
+    "read_tool",
     "sse_event",
     "text_of",
 ]
@@ -143,6 +145,7 @@ class ChatRequest:
     dimensions: int = 0
     base64: bool = False
     json_text: str | None = None  # the answer to a JSON response format (`_structured`)
+    tool_schema: Any = None  # the called tool's parameters schema (`_structured`)
 
 
 def parse_chat(body: bytes) -> ChatRequest:
@@ -169,6 +172,7 @@ def parse_chat(body: bytes) -> ChatRequest:
         if message.get("role") == "user":
             last_user = text
     options = data.get("stream_options")
+    tool = read_tool(chat_tool, data)
     max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 0):
         raise RequestError("'max_tokens' must be a non-negative integer", "max_tokens")
@@ -178,7 +182,8 @@ def parse_chat(body: bytes) -> ChatRequest:
         prompt_tokens=sum(len(t.split()) for t in texts),
         stream=data.get("stream") is True,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
-        tool_name=_first_tool(data),
+        tool_name=tool.name if tool else None,
+        tool_schema=tool.schema if tool else None,
         max_tokens=max_tokens,
         json_text=json_answer(data.get("response_format"), "echo: " + last_user),
     )
@@ -325,7 +330,7 @@ def pieces_of(req: ChatRequest, tokens: int) -> tuple[list[str], str]:
     while len(words) < tokens:
         words.append(_FILLER[(len(words) - real) % len(_FILLER)])
     if req.tool_name is not None:
-        return _split(json.dumps({"text": " ".join(words)}), tokens), "tool_calls"
+        return _split(tool_arguments(req.tool_schema, " ".join(words)), tokens), "tool_calls"
     if req.json_text is not None:
         # The whole document, in as many pieces as the answer has tokens; cut short by
         # max_tokens it is cut short here too (and does not parse, as a real one would not).
@@ -343,16 +348,16 @@ def _tool_call(name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _first_tool(data: dict[str, Any]) -> str | None:
-    tools = data.get("tools")
-    if not isinstance(tools, list) or not tools or data.get("tool_choice") == "none":
-        return None
-    first = tools[0]
-    function = first.get("function") if isinstance(first, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str) or not name:
-        raise RequestError("'tools[0].function.name' must be a non-empty string", "tools")
-    return name
+def read_tool(pick: Callable[[dict[str, Any]], Tool | None], data: dict[str, Any]) -> Tool | None:
+    """The tool ``pick`` chooses among the request's.
+
+    Raises:
+        RequestError: a tool it cannot read.
+    """
+    try:
+        return pick(data)
+    except ToolError as exc:
+        raise RequestError(str(exc), "tools") from None
 
 
 def text_of(content: object) -> str:

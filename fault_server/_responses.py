@@ -24,10 +24,12 @@ from ._openai import (
     json_bytes,
     load_object,
     pieces_of,
+    read_tool,
     sse_event,
     text_of,
 )
 from ._structured import json_answer
+from ._tools import responses_tool
 
 __all__ = ["error_event", "parse_responses", "response", "response_stream"]
 
@@ -58,12 +60,14 @@ def parse_responses(body: bytes) -> ChatRequest:
         raise RequestError("'max_output_tokens' must be an integer >= 1", "max_output_tokens")
     instructions = text_of(data.get("instructions"))
     text = data.get("text")
+    tool = read_tool(responses_tool, data)
     return ChatRequest(
         model=model,
         text=last_user,
         prompt_tokens=sum(len(t.split()) for t in (instructions, *texts)),
         stream=data.get("stream") is True,
-        tool_name=_first_tool(data),
+        tool_name=tool.name if tool else None,
+        tool_schema=tool.schema if tool else None,
         max_tokens=max_tokens,
         api="responses",
         json_text=json_answer(
@@ -124,10 +128,11 @@ def response_stream(req: ChatRequest, tokens: int) -> EventStream:
     )
 
 
-def error_event(message_text: str) -> bytes:
-    """An ``error`` event, as the Responses stream sends one."""
+def error_event(message_text: str, sequence: int) -> bytes:
+    """An ``error`` event, as the Responses stream sends one, numbered ``sequence`` (the
+    events sent before it, numbered from 0)."""
     payload = {"type": "error", "code": "server_error", "message": message_text, "param": None}
-    return sse_event("error", {**payload, "sequence_number": 0})
+    return sse_event("error", {**payload, "sequence_number": sequence})
 
 
 class _Answer:
@@ -170,7 +175,8 @@ class _Answer:
         prompt = self.req.prompt_tokens
         usage = {
             "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": 0},
+            # cache_write_tokens: required by openai 3.60's ResponseUsage.
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": self.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + self.output_tokens,
@@ -202,16 +208,3 @@ def _part(text: str) -> dict[str, Any]:
 
 def _event(seq: Iterator[int], kind: str, **fields: Any) -> bytes:
     return sse_event(kind, {"type": kind, **fields, "sequence_number": next(seq)})
-
-
-def _first_tool(data: dict[str, Any]) -> str | None:
-    tools = data.get("tools")
-    if not isinstance(tools, list) or not tools or data.get("tool_choice") == "none":
-        return None
-    functions = [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
-    if not functions:
-        return None
-    name = functions[0].get("name")
-    if not isinstance(name, str) or not name:
-        raise RequestError("a function tool's 'name' must be a non-empty string", "tools")
-    return name

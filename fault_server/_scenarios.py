@@ -289,10 +289,17 @@ class Scenarios:
             return before - len(self._rules)
 
     def rules(self, key: str | None = None) -> tuple[Rule, ...]:
+        """The rules (of ``key``) with their counts; the lock is held only to copy them."""
         with self._lock:
-            return tuple(
-                _snapshot(r) for r in self._rules if key is None or r.rule.match.key == key
-            )
+            copies = [
+                (r.rule, r.remaining, r.used)
+                for r in self._rules
+                if key is None or r.rule.match.key == key
+            ]
+        return tuple(
+            Rule(rule.id, rule.spec, rule.match, rule.times, remaining, used)
+            for rule, remaining, used in copies
+        )
 
     def needs_body(self, info: RequestInfo) -> bool:
         """Whether a live rule might match ``info`` once its body is read."""

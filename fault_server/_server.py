@@ -30,7 +30,9 @@ logger = logging.getLogger("fault_server")
 
 _SHUTDOWN = 0.5  # bounds how long aclose() waits for cancelled connections to finish.
 MAX_CONNECTIONS = 20_000  # the default cap on connections served at once.
-_BACKLOG = 4096  # Linux's default somaxconn: bursts of connects are queued, not dropped.
+# Bursts of connects are queued, not dropped: the kernel caps it at net.core.somaxconn
+# (4096 by default on Linux), which an operator can raise.
+_BACKLOG = 65535
 
 
 class FaultServer(ServerControls):
@@ -147,7 +149,11 @@ class FaultServer(ServerControls):
             self._refused.open()
             if self._tls:
                 self._tls_listener = TlsListener(
-                    host, self._state.scenarios, self._max_hold, self._on_connect
+                    host,
+                    self._state.scenarios,
+                    self._max_hold,
+                    self._on_connect,
+                    self._state.flights,
                 )
                 await self._tls_listener.open(_BACKLOG, self._max_connections)
         except BaseException:
@@ -176,6 +182,7 @@ class FaultServer(ServerControls):
                 len(pending),
                 _SHUTDOWN,
             )
+        self._state.control.close()
         if self._tls_listener is not None:
             await self._tls_listener.close()
         if self._blackhole is not None:

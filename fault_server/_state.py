@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 from ._buckets import Buckets
 from ._control_guard import ControlGuard
+from ._control_worker import ControlWorker
 from ._journal import Journal
+from ._metrics import Flights
 from ._mix import MixState
 from ._proxy import Upstream
 from ._scenarios import Scenarios
@@ -27,6 +29,8 @@ class ServerState:
     upstream: Upstream | None = None
     buckets: Buckets = field(default_factory=Buckets)
     guard: ControlGuard = field(default_factory=ControlGuard)
+    control: ControlWorker = field(default_factory=ControlWorker)
+    flights: Flights = field(default_factory=Flights)
 
     def reset(self) -> None:
         """Zero the counts, restart the sequences and the mix's draws, empty the journal,

@@ -27,9 +27,10 @@ import h11
 from ._answer import LocalSource, UpstreamBroken
 from ._bounded import SeenKeys
 from ._catalogue import BEHAVIOURS, CONNECTION_BEHAVIOURS
-from ._control_api import PREFIX, control
-from ._formats import lenient_request, parse_request, route
+from ._control_api import METRICS, PREFIX
+from ._formats import lenient_request, parse_request, path_error, route
 from ._journal import ConnLog, RequestLog
+from ._metrics import Flight
 from ._openai import ChatRequest, RequestError, Whole, error
 from ._scenarios import RequestInfo
 from ._spec import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
@@ -117,7 +118,9 @@ class Connection:
             return
         self._log.fault = str(rule.spec)
         behaviour = CONNECTION_BEHAVIOURS[rule.spec.name]
-        if not await behaviour(self._reader, self._writer, rule.spec, self._max_hold):
+        with self._state.flights.holding(rule.spec.name):
+            accepted = await behaviour(self._reader, self._writer, rule.spec, self._max_hold)
+        if not accepted:
             raise _Closed("server", "refused")  # serve() then aborts: an RST.
 
     async def _serve(self) -> bool:
@@ -211,18 +214,21 @@ class Connection:
         path, _, query = target.partition("?")
         request_id = self._request_id()
         self._current = None
-        if path.startswith(PREFIX):
+        if path.startswith(PREFIX) or path == METRICS:
             body = await self._read_body(deadline)
             if body is None:
                 return Outcome.CLOSE
-            answer = control(method, path, query, body, self._state, request.headers)
+            answer = await self._state.control.answer(
+                method, path, query, body, self._state, request.headers
+            )
             return await self._send(answer, request_id)
         self._counters.request()
         log = self._current = self._log.request(method, path)
         log.request_id = self._header(b"x-request-id")
         log.idempotency_key = self._header(b"idempotency-key")
         try:
-            return await self._answer(method, path, query, request_id, log, deadline)
+            with self._state.flights.request() as flight:
+                return await self._answer(method, path, query, request_id, log, deadline, flight)
         except _Closed as exc:  # while reading the body: the client left, or was too slow.
             if exc.by == "client":
                 self._log.end_request(log, "client_closed" if exc.how == "fin" else "client_reset")
@@ -237,7 +243,14 @@ class Connection:
                 self._log.end_request(log, "complete" if log.status else "shutdown")
 
     async def _answer(
-        self, method: str, path: str, query: str, request_id: str, log: RequestLog, deadline: float
+        self,
+        method: str,
+        path: str,
+        query: str,
+        request_id: str,
+        log: RequestLog,
+        deadline: float,
+        flight: Flight,
     ) -> Outcome:
         spec_text: str | None = None
         if path.startswith("/fault/"):
@@ -250,13 +263,15 @@ class Connection:
         try:
             spec = parse_fault(given) if given else FaultSpec()
         except FaultSpecError as exc:
-            return await self._refuse(error(400, str(exc), code="invalid_fault"), request_id, log)
+            invalid = path_error(path, 400, str(exc), code="invalid_fault")
+            return await self._refuse(invalid, request_id, log)
         if spec.info.scope == "connection":
             message = (
                 f"fault {spec.name!r} acts on a connection before any request is read: arm it "
                 "with a scenario (FaultServer.scenario, or PUT /_fault/scenarios)"
             )
-            return await self._refuse(error(400, message, code="invalid_fault"), request_id, log)
+            invalid = path_error(path, 400, message, code="invalid_fault")
+            return await self._refuse(invalid, request_id, log)
         key = spec.key or self._header(b"x-fault-key")
         body: bytes | None = None
         if source != "header":  # a header is the test's explicit word: nothing overrides it.
@@ -286,7 +301,7 @@ class Connection:
         if spec.get("hold") is not None:
             hold = min(hold, spec.number("hold"))
         if spec.name == "half_open" and body is None:  # never read past the head.
-            return await self._run(spec, None, LocalSource(None, 0), request_id, hold, log)
+            return await self._run(spec, None, LocalSource(None, 0), request_id, hold, log, flight)
         if body is None:
             body = await self._read_body(deadline)
             if body is None:
@@ -301,10 +316,10 @@ class Connection:
             try:
                 chat = parse_request(path, body)
             except RequestError as exc:
-                whole = error(400, str(exc), param=exc.param)
+                whole = path_error(path, 400, str(exc), param=exc.param)
                 return await self._send(whole, request_id, log=log)
             answers = LocalSource(chat, spec.integer("tokens"))
-        return await self._run(spec, chat, answers, request_id, hold, log)
+        return await self._run(spec, chat, answers, request_id, hold, log, flight)
 
     def _armed(self, spec: FaultSpec, source: str, info: RequestInfo) -> tuple[FaultSpec, str]:
         """The fault armed on the server for this request, if any: a matching scenario rule
@@ -343,8 +358,10 @@ class Connection:
         request_id: str,
         hold: float,
         log: RequestLog,
+        flight: Flight,
     ) -> Outcome:
-        """Run the fault's behaviour for at most ``hold`` seconds."""
+        """Run the fault's behaviour for at most ``hold`` seconds; ``flight`` waits during
+        its ``delay``, then is answered."""
         watcher = PeerWatcher(self._reader, self._conn)
         exchange = Exchange(
             conn=self._conn,
@@ -361,7 +378,9 @@ class Connection:
         watcher.start()
         try:
             with anyio.move_on_after(hold):
+                flight.queued(spec.name)
                 await exchange.sleep(spec.number("delay"))
+                flight.answering(spec.name)
                 outcome = await behaviour(exchange)
                 if outcome is Outcome.KEEP:
                     self._log.end_request(log, "complete")
