@@ -3,8 +3,10 @@
 Every call is bounded in every phase (connect, read, write, pool wait, time to first token,
 stream idle) and by one total deadline that covers them all.
 
-The SDK faces, `stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAnthropic`,
-live in submodules that are imported on first use: ``import stallproof`` imports neither SDK.
+The SDK faces, `stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAnthropic`
+(and their sync forms `OpenAI`, `Anthropic`), live in submodules that are imported on first
+use: ``import stallproof`` imports neither SDK. Sync code has `Transport`, `Transport2`,
+`sync_http_client()` and `sync_http_client2()`, and ``with stallproof.deadline(...)``.
 """
 
 import importlib
@@ -50,6 +52,7 @@ from ._exceptions import (
     UnprocessableEntityError,
     WriteTimeout,
 )
+from ._faces._sync_transport import Transport, Transport2, sync_http_client, sync_http_client2
 from ._faces._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
 from ._fleet._publish import InflightPublisher, publish_inflight
 from ._inflight import InflightCall, dump_on_signal, format_inflight, tag
@@ -123,10 +126,14 @@ __all__ = [
     "StallproofError",
     "StreamErrorEvent",
     "StreamingResponse",
+    "sync_http_client",
+    "sync_http_client2",
     "tag",
     "TimeoutException",
     "Timeouts",
     "TotalTimeout",
+    "Transport",
+    "Transport2",
     "TransportError",
     "TruncatedResponse",
     "UnprocessableEntityError",

@@ -8,25 +8,24 @@ from httpcore's ``trace`` request extension, not from guessing.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import secrets
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, Protocol, TypeVar
 
 import anyio
 import h11
 import httpcore2
-import sniffio
 
 from . import _exceptions as exc
+from ._clock import loop_clock
 from ._config import Timeouts
 from ._deadline import ActiveDeadline
 from ._inflight import InflightCall
 
-__all__ = ["Call", "PhaseListener", "loop_clock", "new_request_id"]
+__all__ = ["Call", "PhaseListener", "new_request_id"]
 
 
 class PhaseListener(Protocol):
@@ -55,39 +54,6 @@ E = TypeVar("E", bound=exc.StallproofError)
 
 def new_request_id() -> str:
     return f"sp-{secrets.token_hex(12)}"
-
-
-_last_clock: tuple[asyncio.AbstractEventLoop, Callable[[], float]] | None = None
-
-
-def loop_clock() -> Callable[[], float]:
-    """The running event loop's clock: what `anyio.current_time` returns, looked up once.
-
-    `anyio.current_time` finds the backend through sniffio on every call; a call reads
-    the clock a dozen times, so it keeps the function it resolves to (asyncio's
-    ``loop.time``, the trio run's clock's ``current_time``, a test's ``MockClock`` too).
-    Either answers from any thread: the process registry reads calls from other threads.
-    """
-    global _last_clock
-    try:
-        library = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return anyio.current_time  # not in an event loop: anyio raises its own error
-    if library == "asyncio":
-        loop = asyncio.get_running_loop()
-        last = _last_clock
-        if last is not None and last[0] is loop:
-            return last[1]  # the same bound method for every call on this loop
-        clock = loop.time
-        _last_clock = (loop, clock)
-        return clock
-    if library == "trio":
-        import trio
-
-        # The run's clock object (a test's MockClock too): its method, unlike
-        # `trio.current_time`, answers from any thread (`stallproof.inflight()` reads it).
-        return trio.lowlevel.current_clock().current_time
-    return anyio.current_time  # pragma: no cover - another anyio backend
 
 
 class Call:
@@ -151,9 +117,11 @@ class Call:
         self.started = self.now()
         self.total_deadline = self.started + timeouts.total
         # A `deadline()` scope around the call that ends before its own total clips it.
-        self.scope = scope if scope is not None and scope.when < self.total_deadline else None
+        # (The scope may have been set on another clock: sync code, another loop.)
+        scope_when = scope.when_on(self.now) if scope is not None else self.total_deadline
+        self.scope = scope if scope_when < self.total_deadline else None
         if self.scope is not None:
-            self.total_deadline = self.scope.when
+            self.total_deadline = scope_when
         self.phase = "pool wait"
         self.phase_since = self.started
         self.last_progress = self.started

@@ -1,4 +1,4 @@
-"""`AsyncOpenAI`: the openai SDK's own client, made impossible to hang.
+"""`AsyncOpenAI` and `OpenAI`: the openai SDK's own clients, made impossible to hang.
 
 A subclass of ``openai.AsyncOpenAI``: every resource, type, helper and error of the SDK
 works as before (responses, embeddings, ``parse``, ``with_raw_response``...). What changes:
@@ -20,6 +20,10 @@ Example:
     >>> client = AsyncOpenAI(timeout=stallproof.Timeouts(total=30, first_token=10))
     >>> r = await client.chat.completions.create(model="gpt-4.1", messages=[...])
 
+`OpenAI` is the same for ``openai.OpenAI``, the sync client: its requests run on
+stallproof's engine loop (a daemon thread, see docs/sync.md) with the same bounds, retries
+and errors, and the calling thread is released when a bound fires.
+
 Needs ``pip install 'stallproof[openai]'`` (openai >= 3).
 """
 
@@ -34,12 +38,66 @@ import openai
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
 from ._faces._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
+from ._faces._sync_sdk import SyncFaceMixin
 from ._policies import Breaker, Pacer, Retry, RetryBudget
 
-__all__ = ["AsyncOpenAI"]
+__all__ = ["AsyncOpenAI", "OpenAI"]
 
 
-class AsyncOpenAI(FaceMixin, openai.AsyncOpenAI):
+class _OpenAIFace(FaceMixin):
+    """The constructor and SSE decoder `AsyncOpenAI` and `OpenAI` share; the SDK's client
+    class comes after this one in theirs (``super()`` is the SDK's)."""
+
+    def __init__(
+        self,
+        *,
+        timeout: Timeouts | float | httpx2.Timeout | httpx.Timeout | Any | None = UNSET,
+        retry: Retry | Unset | None = UNSET,
+        max_retries: int | Unset = UNSET,
+        retry_budget: RetryBudget | Unset | None = UNSET,
+        breaker: Breaker | Unset | None = UNSET,
+        pacer: Pacer | Unset | None = UNSET,
+        limits: Limits | Unset = UNSET,
+        engine: Engine | None = None,
+        http_client: httpx2.AsyncClient
+        | httpx.AsyncClient
+        | httpx2.Client
+        | httpx.Client
+        | None = None,
+        _hardening: Hardening | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if _hardening is not None:  # a copy(): its parent's settings, already mapped
+            self._stallproof = rebind(_hardening, http_client)
+        else:
+            self._stallproof, http_client = harden(
+                http_client,
+                timeout=timeout,
+                retry=retry,
+                max_retries=max_retries,
+                settings={
+                    "retry_budget": retry_budget,
+                    "breaker": breaker,
+                    "pacer": pacer,
+                    "limits": limits,
+                },
+                engine=engine,
+                allow_httpx=True,
+                sync=self._sync,
+            )
+        super().__init__(  # type: ignore[call-arg]  # the SDK's client, next in the MRO
+            timeout=self._stallproof.sdk_timeout(),
+            max_retries=0,
+            http_client=http_client,
+            **kwargs,
+        )
+
+    def _make_sse_decoder(self, *args: Any, **kwargs: Any) -> Any:
+        decoder = super()._make_sse_decoder(*args, **kwargs)  # type: ignore[misc]
+        return TranslatingDecoder(decoder, openai.APITimeoutError, openai.APIConnectionError)
+
+
+class AsyncOpenAI(_OpenAIFace, openai.AsyncOpenAI):
     """``openai.AsyncOpenAI`` with stallproof's engine under it.
 
     Args:
@@ -65,45 +123,19 @@ class AsyncOpenAI(FaceMixin, openai.AsyncOpenAI):
             httpx client.
     """
 
-    def __init__(
-        self,
-        *,
-        timeout: Timeouts | float | httpx2.Timeout | httpx.Timeout | Any | None = UNSET,
-        retry: Retry | Unset | None = UNSET,
-        max_retries: int | Unset = UNSET,
-        retry_budget: RetryBudget | Unset | None = UNSET,
-        breaker: Breaker | Unset | None = UNSET,
-        pacer: Pacer | Unset | None = UNSET,
-        limits: Limits | Unset = UNSET,
-        engine: Engine | None = None,
-        http_client: httpx2.AsyncClient | httpx.AsyncClient | None = None,
-        _hardening: Hardening | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if _hardening is not None:  # a copy(): its parent's settings, already mapped
-            self._stallproof = rebind(_hardening, http_client)
-        else:
-            self._stallproof, http_client = harden(
-                http_client,
-                timeout=timeout,
-                retry=retry,
-                max_retries=max_retries,
-                settings={
-                    "retry_budget": retry_budget,
-                    "breaker": breaker,
-                    "pacer": pacer,
-                    "limits": limits,
-                },
-                engine=engine,
-                allow_httpx=True,
-            )
-        super().__init__(
-            timeout=self._stallproof.sdk_timeout(),
-            max_retries=0,
-            http_client=http_client,  # type: ignore[arg-type]  # httpx too: the legacy path
-            **kwargs,
-        )
 
-    def _make_sse_decoder(self, *args: Any, **kwargs: Any) -> Any:
-        decoder = super()._make_sse_decoder(*args, **kwargs)
-        return TranslatingDecoder(decoder, openai.APITimeoutError, openai.APIConnectionError)
+class OpenAI(SyncFaceMixin, _OpenAIFace, openai.OpenAI):
+    """``openai.OpenAI`` (the sync client) with stallproof's engine under it.
+
+    Takes the arguments of `AsyncOpenAI`; ``http_client`` is one built by
+    `stallproof.sync_http_client2()` (or `stallproof.sync_http_client()`), whose engine
+    this client then uses. A caller's own ``httpx2.Client`` is refused: its transports
+    block, and the engine cannot send through them.
+
+    Every call runs on stallproof's engine loop; the calling thread waits for it and is
+    released with ``openai.APITimeoutError`` (the stallproof error as its ``__cause__``)
+    when a bound fires, its socket closed. Safe to use from many threads at once.
+
+    Raises:
+        InvalidRequestError: a bad setting, or an ``http_client`` not built by stallproof.
+    """

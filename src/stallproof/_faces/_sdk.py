@@ -25,8 +25,8 @@ How the SDK's settings map:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 import httpx2
@@ -39,6 +39,7 @@ from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._policies import Retry
 from ._own_client import adopt
+from ._sync_transport import Transport, Transport2
 from ._transport import AsyncTransport, AsyncTransport2
 
 __all__ = ["FaceMixin", "Hardening", "TranslatingDecoder", "harden", "map_timeout", "rebind"]
@@ -88,9 +89,10 @@ def _retry_from(retry: Retry | Unset | None, max_retries: object) -> Retry | Uns
 
 
 def engine_of(http_client: object) -> Engine | None:
-    """The engine under a client built by `http_client2()` / `http_client()`, if any."""
+    """The engine under a client built by `http_client2()` / `http_client()` (or their sync
+    forms), if any."""
     transport = getattr(http_client, "_transport", None)
-    if isinstance(transport, (AsyncTransport, AsyncTransport2)):
+    if isinstance(transport, (AsyncTransport, AsyncTransport2, Transport, Transport2)):
         return transport.engine
     return None
 
@@ -133,6 +135,7 @@ def harden(
     settings: dict[str, Any],
     engine: Engine | None,
     allow_httpx: bool,
+    sync: bool = False,
 ) -> tuple[Hardening, Any]:
     """The engine for a new face, and the http client to hand the SDK.
 
@@ -140,6 +143,8 @@ def harden(
     ``httpx2.AsyncClient``. With one built by stallproof (`http_client2()`, or an
     ``httpx2.AsyncClient(transport=AsyncTransport2(...))``), its engine. With the caller's
     own client, a new engine installed as its transport (`stallproof._faces._own_client`).
+    ``sync``: the same for a sync face, with ``httpx2.Client`` and `Transport2`; a caller's
+    own sync client is refused (its transports block: the engine cannot send through them).
     """
     retry = _retry_from(retry, max_retries)
     settings = {k: v for k, v in settings.items() if v is not UNSET}
@@ -155,19 +160,37 @@ def harden(
                 settings["retry"] = retry
             engine = Engine(timeout=timeouts, **settings)
         hardening = Hardening(engine, timeouts, retry)
-        client = httpx2.AsyncClient(
-            transport=AsyncTransport2(engine),
-            timeout=hardening.sdk_timeout(),
-            follow_redirects=True,  # as the SDKs' own default clients do
-        )
+        # follow_redirects: as the SDKs' own default clients do.
+        client: httpx2.Client | httpx2.AsyncClient
+        if sync:
+            client = httpx2.Client(
+                transport=Transport2(engine),
+                timeout=hardening.sdk_timeout(),
+                follow_redirects=True,
+            )
+        else:
+            client = httpx2.AsyncClient(
+                transport=AsyncTransport2(engine),
+                timeout=hardening.sdk_timeout(),
+                follow_redirects=True,
+            )
         return hardening, client
-    kinds = (httpx2.AsyncClient, httpx.AsyncClient) if allow_httpx else (httpx2.AsyncClient,)
+    kind = "Client" if sync else "AsyncClient"
+    kinds = (
+        (getattr(httpx2, kind), getattr(httpx, kind)) if allow_httpx else (getattr(httpx2, kind),)
+    )
     if not isinstance(http_client, kinds):
-        wanted = "an httpx2.AsyncClient" + (" or httpx.AsyncClient" if allow_httpx else "")
+        wanted = f"an httpx2.{kind}" + (f" or httpx.{kind}" if allow_httpx else "")
         raise exc.InvalidRequestError(
             f"http_client must be {wanted}, got {type(http_client).__name__}"
         )
     engine = engine_of(http_client)
+    if engine is None and sync:
+        raise exc.InvalidRequestError(
+            f"http_client must be built by stallproof.sync_http_client2() (or "
+            f"sync_http_client()), got your own {type(http_client).__name__}: its transports "
+            "block, and stallproof's engine cannot send through them"
+        )
     if engine is None:  # the caller's own client: the engine becomes its transport
         timeouts = map_timeout(timeout, Timeouts())
         if retry is not UNSET:
@@ -185,6 +208,8 @@ class FaceMixin:
     """The views and request hook every SDK face adds to the SDK's client."""
 
     _stallproof: Hardening
+    #: A sync face (the SDK's sync client, over `Transport2`).
+    _sync: ClassVar[bool] = False
 
     @property
     def engine(self) -> Engine:
@@ -260,17 +285,21 @@ class TranslatingDecoder:
     def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
         return _TranslatedEvents(self._inner.aiter_bytes(iterator), *self._errors)
 
+    def iter_bytes(self, iterator: Iterator[bytes]) -> Iterator[Any]:
+        return _TranslatedEvents(self._inner.iter_bytes(iterator), *self._errors)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
 
 class _TranslatedEvents:
-    """The decoder's events, errors translated. A plain iterator, not an async generator:
-    when the SDK drops it unfinished (its own stream raised), nothing is left to finalise."""
+    """The decoder's events (async or sync, as the SDK's stream reads them), errors
+    translated. A plain iterator, not a generator: when the SDK drops it unfinished (its
+    own stream raised), nothing is left to finalise."""
 
     def __init__(
         self,
-        events: AsyncIterator[Any],
+        events: Any,
         timeout_error: type[Exception],
         connection_error: type[Exception],
     ) -> None:
@@ -284,10 +313,21 @@ class _TranslatedEvents:
     async def __anext__(self) -> Any:
         try:
             return await anext(self._events)
-        except _TIMEOUTS as e:
-            raise self._timeout_error(request=_request_of(e)) from e  # type: ignore[call-arg]
-        except _CONNECTION as e:
-            raise self._connection_error(request=_request_of(e)) from e  # type: ignore[call-arg]
+        except _CONNECTION as e:  # timeouts included
+            raise self._translated(e) from e
+
+    def __iter__(self) -> _TranslatedEvents:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._events)
+        except _CONNECTION as e:  # timeouts included
+            raise self._translated(e) from e
+
+    def _translated(self, error: Exception) -> Exception:
+        cls = self._timeout_error if isinstance(error, _TIMEOUTS) else self._connection_error
+        return cls(request=_request_of(error))  # type: ignore[call-arg]
 
 
 def _request_of(error: Exception) -> Any:

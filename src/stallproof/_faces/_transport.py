@@ -33,7 +33,7 @@ from .. import _exceptions as exc
 from .._body import ResponseBody
 from .._breaker import CircuitState
 from .._config import Timeouts, TimeoutTypes
-from .._engine import CallOptions, Engine, Outgoing
+from .._engine import CallOptions, Engine, Incoming, Outgoing
 from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._redact import redacted_request
@@ -138,8 +138,8 @@ def _set_request(self: Any, request: Any) -> None:
     self._request = redacted_request(request)
 
 
-async def _outgoing(request: Any) -> Outgoing:
-    content = await request.aread()
+def outgoing(request: Any, content: bytes) -> Outgoing:
+    """An httpx(2) request, its body already read, as the engine's `Outgoing`."""
     url = request.url
     options = request.extensions.get("stallproof")
     return Outgoing(
@@ -152,6 +152,35 @@ async def _outgoing(request: Any) -> Outgoing:
         content,
         timeout=request.extensions.get("timeout"),
         options=options if isinstance(options, CallOptions) else CallOptions(),
+    )
+
+
+async def exchange(engine: Engine, out: Outgoing) -> Incoming:
+    """Send ``out`` through ``engine``; a whole body is closed at once (the call is over:
+    nothing more to wait for), a stream is left to whoever reads it."""
+    incoming = await engine.send(out)
+    if not incoming.body.is_stream:
+        await incoming.body.aclose()
+    return incoming
+
+
+def library_response(lib: _Library, incoming: Incoming, request: Any, stream: Any) -> Any:
+    """The engine's answer as ``lib``'s response: its content, or ``stream`` to read."""
+    body = incoming.body
+    if not body.is_stream:
+        return lib.module.Response(
+            incoming.status,
+            headers=incoming.headers,
+            content=body.content or b"",
+            extensions=incoming.extensions,
+            request=request,
+        )
+    return lib.module.Response(
+        incoming.status,
+        headers=incoming.headers,
+        stream=stream,
+        extensions=incoming.extensions,
+        request=request,
     )
 
 
@@ -187,35 +216,20 @@ class _EngineFace:
 
     async def _handle(self, request: Any) -> Any:
         lib = self._lib
-        out = await _outgoing(request)
+        out = outgoing(request, await request.aread())
         try:
-            incoming = await self.engine.send(out)
+            incoming = await exchange(self.engine, out)
         except exc.StallproofError as e:
             raise flavoured(e, lib, request) from e.__cause__
-        body = incoming.body
-        if not body.is_stream:
-            content = body.content or b""
-            await body.aclose()  # nothing more to wait for: the call is over
-            return lib.module.Response(
-                incoming.status,
-                headers=incoming.headers,
-                content=content,
-                extensions=incoming.extensions,
-                request=request,
-            )
-        return lib.module.Response(
-            incoming.status,
-            headers=incoming.headers,
-            stream=_stream_class(lib)(body, request),
-            extensions=incoming.extensions,
-            request=request,
-        )
+        stream = stream_class(lib)(incoming.body, request) if incoming.body.is_stream else None
+        return library_response(lib, incoming, request, stream)
 
     async def aclose(self) -> None:
         await self.engine.aclose()
 
 
-def _stream_class(lib: _Library) -> type[Any]:
+def stream_class(lib: _Library) -> type[Any]:
+    """The async byte stream class of ``lib`` (`_Stream` or `_Stream2`)."""
     return _Stream if lib is _HTTPX else _Stream2
 
 
@@ -286,6 +300,23 @@ def _client_timeout(lib: ModuleType, timeouts: Timeouts) -> Any:
     )
 
 
+def engine_client(
+    client_class: type[Any],
+    transport_class: type[_EngineFace],
+    *,
+    timeout: TimeoutTypes,
+    engine: Engine | None,
+    settings: dict[str, Any],
+) -> Any:
+    """A ``client_class`` (an httpx or httpx2 client, async or sync) over a new
+    ``transport_class`` on ``engine`` (or on a new engine built from the settings)."""
+    transport = transport_class(
+        engine, **({"timeout": timeout} if engine is None else {}), **settings
+    )
+    lib = transport._lib.module
+    return client_class(transport=transport, timeout=_client_timeout(lib, transport.engine.timeout))
+
+
 def http_client(
     *,
     timeout: TimeoutTypes = Timeouts(),  # noqa: B008 - frozen and immutable
@@ -297,12 +328,10 @@ def http_client(
     Takes the engine's settings (see `AsyncTransport`); httpx's own settings such as
     ``headers`` or ``base_url`` may be set on the returned client.
     """
-    transport = AsyncTransport(
-        engine, **({"timeout": timeout} if engine is None else {}), **settings
+    client: httpx.AsyncClient = engine_client(
+        httpx.AsyncClient, AsyncTransport, timeout=timeout, engine=engine, settings=settings
     )
-    return httpx.AsyncClient(
-        transport=transport, timeout=_client_timeout(httpx, transport.engine.timeout)
-    )
+    return client
 
 
 def http_client2(
@@ -314,9 +343,7 @@ def http_client2(
     """An ``httpx2.AsyncClient`` whose every request goes through stallproof's engine:
     what to hand ``openai.AsyncOpenAI(http_client=...)`` or
     ``anthropic.AsyncAnthropic(http_client=...)``."""
-    transport = AsyncTransport2(
-        engine, **({"timeout": timeout} if engine is None else {}), **settings
+    client: httpx2.AsyncClient = engine_client(
+        httpx2.AsyncClient, AsyncTransport2, timeout=timeout, engine=engine, settings=settings
     )
-    return httpx2.AsyncClient(
-        transport=transport, timeout=_client_timeout(httpx2, transport.engine.timeout)
-    )
+    return client
