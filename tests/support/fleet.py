@@ -154,12 +154,15 @@ class FleetWorkers:
     name (or null) and its elapsed seconds. Every wait is bounded.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, script: str = "fleet_worker.py") -> None:
+        """``script``: the worker, a file of tests/support (inflight_worker.py for the
+        ``stallproof top`` tests)."""
+        self._script = os.path.join(os.path.dirname(__file__), script)
         self._procs: list[subprocess.Popen[str]] = []
 
     def start(self, *jobs: dict[str, Any], timeout: float = 60.0) -> list[subprocess.Popen[str]]:
         """Start one worker per job and wait until every one is ready."""
-        script = os.path.join(os.path.dirname(__file__), "fleet_worker.py")
+        script = self._script
         procs = [
             subprocess.Popen(
                 [sys.executable, script, json.dumps(job)],

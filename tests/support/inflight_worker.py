@@ -64,7 +64,9 @@ def _view(job: dict[str, Any]) -> Any:
             stalled_after=job.get("stalled_after", 1.0),
         )
     else:
-        view = stallproof.serve_inflight(job["socket"], stalled_after=job.get("stalled_after", 1.0))
+        view = stallproof.serve_inflight(
+            job.get("socket"), stalled_after=job.get("stalled_after", 1.0)
+        )
     return view
 
 
