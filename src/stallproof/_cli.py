@@ -82,15 +82,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     diag.add_argument("--base-url", required=True, help="the server's base URL, with /v1")
     diag.add_argument(
-        "--metrics", help="its Prometheus endpoint (default: /metrics at the base URL's origin)"
+        "--metrics",
+        action="append",
+        default=[],
+        help="its Prometheus endpoint (default: /metrics at the base URL's origin); repeat"
+        " for one per engine (prefill, decode...): their counts add up",
     )
     diag.add_argument(
         "--gauge",
         action="append",
         default=[],
         metavar="COUNT=NAME",
-        help="read COUNT (running or waiting) from the gauge NAME (repeat for more names;"
-        " default: vLLM's and SGLang's)",
+        help="read COUNT (running or waiting) from the gauge NAME (repeat for alternatives:"
+        " the first present is read; default: vLLM's, then SGLang's)",
     )
     diag.add_argument(
         "--api-key",
@@ -99,7 +103,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     diag.add_argument("--model", help="the probe's model (default: the first listed)")
     diag.add_argument(
-        "--timeout", type=float, default=20.0, help="bound on each probe, seconds (default 20)"
+        "--timeout",
+        type=float,
+        default=20.0,
+        help="bound on each probe and on the probe's first token, seconds (default 20)",
     )
     diag.add_argument(
         "--slow-ttft",

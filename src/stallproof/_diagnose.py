@@ -142,25 +142,61 @@ class Server:
 
 def read_gauges(
     samples: Mapping[str, float], gauges: Mapping[str, Sequence[str]]
-) -> dict[str, tuple[float | None, tuple[str, ...]]]:
-    """Per count (``running``, ``waiting``): the sum of the named gauges present, and
-    their names; None where none is present."""
-    out: dict[str, tuple[float | None, tuple[str, ...]]] = {}
+) -> dict[str, tuple[float | None, str | None]]:
+    """Per count (``running``, ``waiting``): the first of its gauge names present (its
+    value summed over its label sets) and that name; ``(None, None)`` when none is.
+
+    The names of a count are alternatives — vLLM's, then SGLang's — not parts to add: a
+    server that exposes both families (as the fault server does) counts each request once.
+    """
+    out: dict[str, tuple[float | None, str | None]] = {}
     for count, names in gauges.items():
-        found = tuple(n for n in names if n in samples)
-        out[count] = (sum(samples[n] for n in found) if found else None, found)
+        found = next((n for n in names if n in samples), None)
+        out[count] = (samples[found], found) if found is not None else (None, None)
     return out
 
 
 async def scrape(
-    url: str, gauges: Mapping[str, Sequence[str]], *, timeout: float, required: bool
+    urls: Sequence[str], gauges: Mapping[str, Sequence[str]], *, timeout: float, required: bool
 ) -> Server:
-    """GET ``url`` through stallproof (bounded by ``timeout``) and read the gauges.
+    """GET each endpoint through stallproof (each bounded by ``timeout``) and add up its
+    gauges: one endpoint per engine (a prefill and a decode engine, say) gives the whole
+    server's counts.
 
     Raises:
-        DiagnoseError: ``required`` and it could not be read, or its answer is not
+        DiagnoseError: ``required`` and an endpoint could not be read, or an answer is not
             Prometheus text (required or not).
     """
+    totals: dict[str, float | None] = {"running": None, "waiting": None}
+    found: dict[str, list[str]] = {count: [] for count in gauges}
+    problems: list[str] = []
+    for url in urls:
+        samples, problem = await _scrape_one(url, timeout=timeout, required=required)
+        if samples is None:
+            problems.append(f"{url} not read ({problem}); pass --metrics URL")
+            continue
+        for count, (value, name) in read_gauges(samples, gauges).items():
+            if value is None or name is None:
+                problems.append(
+                    f"{url} has no gauge for {count} ({' or '.join(gauges[count])});"
+                    " name one with --gauge"
+                )
+                continue
+            totals[count] = (totals.get(count) or 0.0) + value
+            if name not in found[count]:
+                found[count].append(name)
+    return Server(
+        ", ".join(urls),
+        totals["running"],
+        totals["waiting"],
+        {count: tuple(names) for count, names in found.items()},
+        problem="; ".join(problems) or None,
+    )
+
+
+async def _scrape_one(
+    url: str, *, timeout: float, required: bool
+) -> tuple[dict[str, float] | None, str | None]:
     transport = AsyncTransport(
         timeout=Timeouts(connect=min(timeout, 10.0), total=timeout),
         retry=None,
@@ -179,21 +215,11 @@ async def scrape(
     if problem is not None:
         if required:
             raise DiagnoseError(f"cannot read the server's metrics at {url}: {problem}")
-        return Server(url, problem=f"not read ({problem}); pass --metrics URL")
+        return None, problem
     try:
-        samples = parse_prometheus(body)
+        return parse_prometheus(body), None
     except MetricsError as e:
         raise MetricsError(f"the metrics at {url} are not Prometheus text: {e}") from None
-    counts = read_gauges(samples, gauges)
-    running, waiting = counts["running"][0], counts["waiting"][0]
-    missing = [f"{c} ({' or '.join(gauges[c])})" for c, (v, _) in counts.items() if v is None]
-    return Server(
-        url,
-        running,
-        waiting,
-        {c: names for c, (_, names) in counts.items()},
-        problem=f"no gauge for {', '.join(missing)}; name them with --gauge" if missing else None,
-    )
 
 
 def metrics_url(base_url: str) -> str:
@@ -220,14 +246,18 @@ class Probe:
 
 
 async def probe(base_url: str, *, api_key: str | None, model: str | None, timeout: float) -> Probe:
-    """One streamed request, ``max_tokens=16``, through `stallproof.Client`, bounded by
-    ``timeout`` in all (its first token too).
+    """One streamed request, ``max_tokens=16``, through `stallproof.Client`: its first
+    token and each gap after it bounded by ``timeout``, the whole answer by twice that.
 
     Raises:
         DiagnoseError: the base URL cannot be reached or used (refused, unknown host, bad
             URL), the key is refused, or no model is named and none is listed.
     """
-    bounds = Timeouts(connect=min(timeout, 10.0), first_token=timeout, idle=timeout, total=timeout)
+    # The first token, and each gap after it, within ``timeout``; the 16 tokens in all
+    # within twice that.
+    bounds = Timeouts(
+        connect=min(timeout, 10.0), first_token=timeout, idle=timeout, total=2 * timeout
+    )
     try:
         async with Client(
             base_url=base_url, api_key=api_key or "none", timeout=bounds, retry=None
@@ -499,7 +529,7 @@ async def diagnose(
     *,
     base_url: str,
     source: Source | None,
-    metrics: str | None,
+    metrics: Sequence[str],
     gauges: Mapping[str, Sequence[str]],
     api_key: str | None,
     model: str | None,
@@ -522,7 +552,7 @@ async def diagnose(
         if source.redis is not None or snap.tables:
             fleet = fleet_counts(snap)
     server = await scrape(
-        metrics or metrics_url(base_url), gauges, timeout=timeout, required=metrics is not None
+        metrics or [metrics_url(base_url)], gauges, timeout=timeout, required=bool(metrics)
     )
     answer = await probe(base_url, api_key=api_key, model=model, timeout=timeout)
     verdict, summary, evidence = judge(fleet, server, answer, slow_ttft=slow_ttft)

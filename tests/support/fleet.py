@@ -174,14 +174,19 @@ class FleetWorkers:
             for job in jobs
         ]
         self._procs += procs
+        self.expect("ready", *procs, timeout=timeout)
+        return procs
+
+    @staticmethod
+    def expect(word: str, *procs: subprocess.Popen[str], timeout: float) -> None:
+        """Wait (``timeout`` s in all) until each worker prints its next line: ``word``."""
         limit = time.monotonic() + timeout
         for proc in procs:
             assert proc.stdout is not None
             ready, _, _ = select.select([proc.stdout], [], [], max(0.0, limit - time.monotonic()))
             line = proc.stdout.readline() if ready else ""
-            if line.strip() != "ready":
-                raise AssertionError(f"worker not ready within {timeout}s: {line!r}")
-        return procs
+            if line.strip() != word:
+                raise AssertionError(f"worker did not print {word!r} within {timeout}s: {line!r}")
 
     @staticmethod
     def go(*procs: subprocess.Popen[str]) -> None:

@@ -4,7 +4,6 @@ tables read in-process, workers with calls in flight."""
 from __future__ import annotations
 
 import asyncio
-import select
 import subprocess
 import sys
 import time
@@ -57,13 +56,7 @@ def start_calls(
     """Start one worker per job, let them go, and wait until each has started its calls."""
     procs = workers.start(*jobs, timeout=timeout)
     workers.go(*procs)
-    limit = time.monotonic() + timeout
-    for proc in procs:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, limit - time.monotonic()))
-        line = proc.stdout.readline() if ready else ""
-        if line.strip() != "going":
-            raise AssertionError(f"worker did not start its calls: {line!r}")
+    workers.expect("going", *procs, timeout=timeout)
     return procs
 
 
