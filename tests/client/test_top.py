@@ -182,7 +182,7 @@ def test_live_top_redraws_every_interval_and_quits_on_ctrl_c(
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "stallproof", "top", "--redis", redis_server.url),
-            *("--prefix", redis_prefix, "--interval", "0.5"),
+            *("--prefix", redis_prefix, "--interval", "0.5", "--op-timeout", "1"),
         ],
         stdout=slave,
         stderr=subprocess.PIPE,
@@ -211,7 +211,9 @@ def test_live_top_redraws_every_interval_and_quits_on_ctrl_c(
     assert b"7 calls in flight" in out
     assert proc.returncode == 0
     assert "Traceback" not in err
-    assert quit_after < 2.0
+    # Closing its Redis connection is bounded by --op-timeout; the rest is a Python
+    # process ending, which a loaded 2-core machine can hold up for a second or two.
+    assert quit_after < 1.0 + 3.0
     stop(worker)
 
 

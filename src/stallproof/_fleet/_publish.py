@@ -30,7 +30,7 @@ from .._policies import RedisState
 from .._registry import BackgroundView, ProcessTable, table_json
 from .._validate import check_number
 from . import _scripts as lua
-from ._store import UNAVAILABLE, SharedStore, now
+from ._store import UNAVAILABLE, SharedStore
 
 __all__ = ["InflightPublisher", "publish_inflight", "read_tables"]
 
@@ -130,7 +130,7 @@ class InflightPublisher(BackgroundView):
                     "inflight.publish",
                     lua.INFLIGHT_PUBLISH,
                     [store.key, self.id, table, ttl_ms],
-                    deadline=now() + self.shared.op_timeout,
+                    deadline=math.inf,  # no call waits: op_timeout alone bounds it
                 )
                 if answer is not UNAVAILABLE:
                     self.published += 1
@@ -140,7 +140,7 @@ class InflightPublisher(BackgroundView):
                 "inflight.remove",
                 lua.INFLIGHT_REMOVE,
                 [store.key, self.id],
-                deadline=now() + self.shared.op_timeout,
+                deadline=math.inf,  # no call waits: op_timeout alone bounds it
             )
         finally:
             await store.aclose()
@@ -203,7 +203,7 @@ async def read_tables(
             "inflight.read",
             lua.INFLIGHT_READ,
             [store.key, most],
-            deadline=now() + shared.op_timeout,
+            deadline=math.inf,  # op_timeout alone bounds it
         )
         if answer is UNAVAILABLE:
             raise exc.SharedStateUnavailable(
