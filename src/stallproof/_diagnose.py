@@ -49,6 +49,7 @@ from ._top import Snapshot, Source, SourceError, fetch
 
 __all__ = [
     "DEFAULT_GAUGES",
+    "HEADLINES",
     "DiagnoseError",
     "Fleet",
     "MetricsError",
@@ -65,6 +66,15 @@ __all__ = [
 DEFAULT_GAUGES: Mapping[str, tuple[str, ...]] = {
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
+}
+#: Each verdict in words, as the summary starts.
+HEADLINES: Mapping[str, str] = {
+    "client_stuck": "client-side stuck",
+    "server_queueing": "server queueing",
+    "server_stalled": "server stalled",
+    "server_error": "server error",
+    "slow_but_alive": "slow but alive",
+    "healthy": "healthy",
 }
 # Phases of a call that has no response head yet.
 _BEFORE_HEADERS = frozenset(
@@ -273,6 +283,8 @@ async def _first_model(client: Client, base_url: str) -> str:
     try:
         async for m in client.models.list():
             return str(m.id)
+    except exc.ConnectError as e:
+        raise DiagnoseError(f"cannot reach {base_url}: {e}") from None
     except exc.StallproofError as e:
         raise DiagnoseError(
             f"cannot list the models at {base_url} ({type(e).__name__}: {e}): pass --model"
@@ -402,88 +414,63 @@ def judge(
 ) -> tuple[str, str, tuple[str, ...]]:
     """The verdict, a one-line summary, and the evidence in numbers (see the module's
     table)."""
+    verdict, summary = _verdict(fleet, server, probe, slow_ttft)
+    evidence = (_fleet_words(fleet), _server_words(server), _probe_words(probe))
+    return verdict, f"{HEADLINES[verdict]}: {summary}", evidence
+
+
+def _verdict(
+    fleet: Fleet | None, server: Server, probe: Probe, slow_ttft: float
+) -> tuple[str, str]:
     running, waiting = server.running, server.waiting
-    evidence = [_fleet_words(fleet), _server_words(server), _probe_words(probe)]
+    counts = f"{_n(running)} running, {_n(waiting)} waiting"
     stalled = fleet.stalled if fleet is not None else 0
-    waits = waiting is not None and waiting > 0
     if probe.outcome == "stalled":
-        if waits:
-            return (
-                "server_queueing",
-                (
-                    f"server queueing: {_n(waiting)} requests wait at the server and a fresh"
-                    " probe got no answer in time"
-                ),
-                tuple(evidence),
+        if waiting is not None and waiting > 0:
+            return "server_queueing", (
+                f"the server reports {counts}, and a fresh probe stalled in its queue"
             )
-        return (
-            "server_stalled",
-            (
-                "server stalled: a fresh probe got no answer in time, and the server reports"
-                f" {_n(running)} running, {_n(waiting)} waiting"
-            ),
-            tuple(evidence),
+        return "server_stalled", (
+            f"a fresh probe stalled too, and the server reports {counts}: requests reach it"
+            " and get no answer"
         )
     if probe.outcome == "refused":
-        return (
-            "server_queueing",
-            (f"server queueing: it refused a fresh probe with HTTP {probe.status} (overloaded)"),
-            tuple(evidence),
-        )
-    if probe.outcome == "error":
-        return "server_error", f"server error: the probe failed ({probe.detail})", tuple(evidence)
+        return "server_queueing", f"it refused a fresh probe with HTTP {probe.status}"
+    if probe.outcome == "error" or probe.ttft_s is None:
+        return "server_error", f"a fresh probe failed ({probe.detail})"
+    ttft = probe.ttft_s
     held = (running or 0) + (waiting or 0)
     if stalled > 0 and stalled > held:
-        what = (
-            f"the server reports only {_n(running)} running and {_n(waiting)} waiting"
+        before = fleet.before_headers if fleet is not None else 0
+        server_side = (
+            f"the server reports only {counts}"
             if running is not None or waiting is not None
             else "the server's own counts are unknown"
         )
-        return (
-            "client_stuck",
-            (
-                f"client-side stuck: {stalled} calls are stalled in the fleet"
-                f" ({fleet.before_headers if fleet else 0} before headers), {what}, and a fresh"
-                f" probe answered (first token in {probe.ttft_s:.2f}s): the server is not holding"
-                " them; look at the clients (pool, proxy, connections that died silently)"
-            ),
-            tuple(evidence),
+        return "client_stuck", (
+            f"{stalled} calls are stalled in the fleet ({before} before headers),"
+            f" {server_side}, and a fresh probe answered (first token in {ttft:.3f}s): the"
+            " server is not holding them; look at the clients (pool, proxy, connections"
+            " that died silently)"
         )
     if (
         waiting is not None
         and waiting > 0
-        and (waiting >= max(running or 0, 1) or (probe.ttft_s or 0) > slow_ttft)
+        and (waiting >= max(running or 0, 1) or ttft > slow_ttft)
     ):
-        return (
-            "server_queueing",
-            (f"server queueing: {_n(waiting)} requests wait at the server, {_n(running)} run"),
-            tuple(evidence),
-        )
-    if (probe.ttft_s or 0) > slow_ttft:
-        return (
-            "slow_but_alive",
-            (
-                f"slow but alive: the probe's first token took {probe.ttft_s:.2f}s"
-                f" (over --slow-ttft {slow_ttft:g}s)"
-            ),
-            tuple(evidence),
+        return "server_queueing", f"the server reports {counts}"
+    if ttft > slow_ttft:
+        return "slow_but_alive", (
+            f"the probe's first token took {ttft:.3f}s (over --slow-ttft {slow_ttft:g}s)"
         )
     if stalled > 0:
-        return (
-            "slow_but_alive",
-            (
-                f"slow but alive: {stalled} fleet calls are stalled, and the server holds"
-                f" {_n(held)} requests and answers new ones"
-            ),
-            tuple(evidence),
+        return "slow_but_alive", (
+            f"{stalled} fleet calls are stalled, and the server holds {_n(held)} requests"
+            " and answers new ones"
         )
     return (
         "healthy",
-        (
-            f"healthy: the probe answered (first token in {probe.ttft_s:.2f}s) and no fleet call"
-            " is stalled"
-        ),
-        tuple(evidence),
+        f"the probe answered (first token in {ttft:.3f}s) and no fleet call is stalled",
     )
 
 
@@ -516,8 +503,8 @@ def _server_words(server: Server) -> str:
 def _probe_words(probe: Probe) -> str:
     if probe.outcome == "answered":
         return (
-            f"probe: answered, first token in {probe.ttft_s:.2f}s, {probe.chunks} chunks in"
-            f" {probe.total_s:.2f}s (model {probe.model!r}, max_tokens=16)"
+            f"probe: answered, first token in {probe.ttft_s:.3f}s, {probe.chunks} chunks in"
+            f" {probe.total_s:.3f}s (model {probe.model!r}, max_tokens=16)"
         )
     return f"probe: {probe.outcome} ({probe.detail}) (model {probe.model!r}, max_tokens=16)"
 

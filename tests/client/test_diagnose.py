@@ -15,6 +15,7 @@ import pytest
 from fault_server import ServerThread, running
 from stallproof._diagnose import (
     DEFAULT_GAUGES,
+    HEADLINES,
     Fleet,
     MetricsError,
     Probe,
@@ -104,8 +105,8 @@ STALLED = Probe("m", "stalled", detail="FirstTokenTimeout after 3.00s in phase '
         (_fleet(14, 10, 10), Server("u", 4, 0), ANSWERED, "client_stuck", "only 4 running"),
         (_fleet(14, 10, 10), Server("u"), ANSWERED, "client_stuck", "counts are unknown"),
         (_fleet(5, 0, 0), Server("u", 3, 0), STALLED, "server_stalled", "3 running, 0 waiting"),
-        (None, Server("u", 2, 9), STALLED, "server_queueing", "9 requests wait"),
-        (_fleet(5, 0, 0), Server("u", 8, 8), ANSWERED, "server_queueing", "8 requests wait"),
+        (None, Server("u", 2, 9), STALLED, "server_queueing", "2 running, 9 waiting"),
+        (_fleet(5, 0, 0), Server("u", 8, 8), ANSWERED, "server_queueing", "8 running, 8 waiting"),
         (None, Server("u", 1, 0), Probe("m", "refused", status=429), "server_queueing", "429"),
         (
             None,
@@ -114,7 +115,7 @@ STALLED = Probe("m", "stalled", detail="FirstTokenTimeout after 3.00s in phase '
             "server_error",
             "boom",
         ),
-        (_fleet(3, 0, 0), Server("u", 3, 0), SLOW, "slow_but_alive", "took 9.00s"),
+        (_fleet(3, 0, 0), Server("u", 3, 0), SLOW, "slow_but_alive", "took 9.000s"),
         (_fleet(9, 4, 0), Server("u", 6, 0), ANSWERED, "slow_but_alive", "holds 6 requests"),
         (_fleet(3, 0, 0), Server("u", 3, 0), ANSWERED, "healthy", "no fleet call is stalled"),
     ],
@@ -125,6 +126,7 @@ def test_the_verdict_follows_the_mismatch(
     got, summary, evidence = judge(fleet, server, probe, slow_ttft=5.0)
     assert got == verdict, summary
     assert words in summary
+    assert summary.startswith(HEADLINES[verdict] + ": ")
     assert evidence[0].startswith("fleet:") and evidence[1].startswith("server:")
     assert evidence[2].startswith("probe:")
 
@@ -204,7 +206,7 @@ def test_client_side_stuck_names_the_numbers(
     }
     summary = report["summary"]
     assert "10 calls are stalled in the fleet (10 before headers)" in summary
-    assert "only 4 running and 0 waiting" in summary
+    assert "the server reports only 4 running, 0 waiting" in summary
     assert report["evidence"][0].startswith("fleet: 14 calls in flight in 2 processes, 10 stalled")
 
     words = _diagnose(server, redis_server, redis_prefix)
@@ -275,7 +277,7 @@ def test_bad_input_is_a_message_and_status_2(fault_server: Any) -> None:
     on stderr, status 2, within the bounds; never a traceback or a hang."""
     base = fault_server.url()
     cases = [
-        (("--base-url", fault_server.refused_url), "cannot"),
+        (("--base-url", fault_server.refused_url), "cannot reach"),
         (("--base-url", "ftp://example.invalid/v1"), "--base-url must be an http"),
         (("--base-url", base, "--metrics", base + "/models"), "not Prometheus text"),
         (("--base-url", base, "--metrics", fault_server.refused_url), "cannot read"),

@@ -58,7 +58,7 @@ def _settled(snap: Any, pids: set[int], stalled: int, calls: int) -> bool:
     return len(rows) == calls and sum(c.stalled for c in rows) == stalled
 
 
-@pytest.mark.parametrize("mode", ["asyncio", "sync"])
+@pytest.mark.parametrize("mode", ["asyncio", "trio", "sync"])
 def test_top_lists_every_call_of_two_workers(
     fault_server: Any,
     redis_server: RedisServer,
