@@ -75,6 +75,9 @@ def snapshot(calls: dict[int, Call], stalled_after: float) -> list[InflightCall]
             now = call.now()
         except RuntimeError:  # pragma: no cover - a clock that needs its own loop
             now = time.monotonic()
+        # From another thread, the call may change phase between our clock read and its
+        # snapshot: its times then read 0, not a few microseconds below.
+        now = max(now, call.phase_since, call.last_progress)
         records.append(call.snapshot(now, stalled_after))
     return records
 
