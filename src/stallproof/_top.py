@@ -97,6 +97,9 @@ async def fetch(source: Source, store: SharedStore | None = None) -> Snapshot:
     for path in paths:
         try:
             tables.append(await asyncio.to_thread(read_socket, path, timeout=source.timeout))
+        except (ConnectionRefusedError, FileNotFoundError) as e:
+            if source.sockets:  # named: say so; found: a process that has ended since
+                problems.append(f"{path}: {type(e).__name__}: {e}")
         except (OSError, ValueError) as e:
             problems.append(f"{path}: {type(e).__name__}: {e}")
     if source.sockets and not tables:

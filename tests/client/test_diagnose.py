@@ -292,9 +292,13 @@ def test_bad_input_is_a_message_and_status_2(fault_server: Any) -> None:
             "no socket",
         ),
     ]
+    secret = "sk-diagnose-secret-4242"
+    refused = fault_server.url("status", code=401)
+    cases.append((("--base-url", refused, "--model", "m", "--api-key", secret), "HTTP 401"))
     for args, message in cases:
         started = time.monotonic()
         done = run_cli("diagnose", "--timeout", "3", *args, timeout=60)
+        assert secret not in done.stdout + done.stderr
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert message in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr

@@ -135,3 +135,26 @@ def test_a_dead_processs_socket_is_taken_over_and_a_file_is_not(tmp_path: Any) -
     with pytest.raises(stallproof.InvalidRequestError, match="not a socket"):
         stallproof.serve_inflight(str(plain))
     assert plain.read_text() == "mine"
+
+
+def test_top_passes_over_a_dead_processs_socket_and_reads_the_live(tmp_path: Any) -> None:
+    """Found in the sockets directory: a socket nothing listens on (a process that died)
+    is passed over without a word; this process's own is read. Named, it is reported."""
+    import asyncio
+
+    from stallproof._local_socket import socket_dir
+
+    with stallproof.serve_inflight() as server:
+        dead = os.path.join(socket_dir(), "4194304999.sock")  # above any real pid
+        left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            left.bind(dead)
+            left.close()
+            snap = asyncio.run(fetch(Source()))
+            assert snap.problems == ()
+            assert os.getpid() in {t.pid for t in snap.tables}
+            named = asyncio.run(fetch(Source(sockets=(dead, server.path))))
+            assert [p.split(":")[0] for p in named.problems] == [dead]
+        finally:
+            left.close()
+            os.unlink(dead)
