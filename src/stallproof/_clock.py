@@ -9,26 +9,42 @@ other, through the time left, so a deadline set by either form bounds calls on a
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable
 
 import anyio
 import sniffio
 
-__all__ = ["Clock", "in_event_loop", "loop_clock", "on_clock"]
+__all__ = ["Clock", "loop_clock", "on_clock", "running_clock"]
 
 Clock = Callable[[], float]
 
 _last_clock: tuple[asyncio.AbstractEventLoop, Clock] | None = None
 
 
-def in_event_loop() -> bool:
-    """True in a task of an event loop (asyncio or trio) running in this thread."""
+def running_clock() -> Clock | None:
+    """The clock of the event loop running in this thread (asyncio's or trio's), or None
+    in sync code.
+
+    Asks the loops themselves, not sniffio: a worker thread started by
+    ``asyncio.to_thread`` runs in a copy of its task's context, where sniffio's context
+    variable still says "asyncio" although no loop runs in that thread.
+    """
     try:
-        sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return False
-    return True
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return loop_clock()
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            return None
+        return trio.current_time  # type: ignore[no-any-return]
+    return None
 
 
 def loop_clock() -> Clock:

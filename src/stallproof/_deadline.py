@@ -37,7 +37,7 @@ from collections.abc import Iterator
 import anyio
 
 from . import _exceptions as exc
-from ._clock import Clock, in_event_loop, loop_clock, on_clock
+from ._clock import Clock, on_clock, running_clock
 
 __all__ = ["ActiveDeadline", "current_deadline", "deadline"]
 
@@ -95,8 +95,9 @@ def deadline(seconds: float, *, name: str | None = None) -> Iterator[ActiveDeadl
         raise exc.InvalidRequestError(f"deadline seconds must be > 0 and finite, got {seconds!r}")
     if name is not None and not isinstance(name, str):
         raise exc.InvalidRequestError(f"deadline name must be a str, got {name!r}")
-    is_async = in_event_loop()
-    clock = loop_clock() if is_async else time.monotonic
+    loop_time = running_clock()
+    is_async = loop_time is not None
+    clock = loop_time if loop_time is not None else time.monotonic
     now = clock()
     mine = ActiveDeadline(
         when=now + seconds,

@@ -10,7 +10,7 @@ callers: there is one implementation of each.
 What crosses the thread boundary:
 
 - The caller's context. The task runs in a copy of the calling thread's `contextvars`
-  (``contextvars.copy_context()`` handed to ``create_task``): `stallproof.tag`, a
+  (``contextvars.copy_context()``, in which the task is created): `stallproof.tag`, a
   `stallproof.deadline()` scope and the OpenTelemetry current span reach the engine as
   they do in async code.
 - The result, or the error, through a ``concurrent.futures.Future``.
@@ -54,7 +54,7 @@ T = TypeVar("T")
 
 # How long a waiting thread that gave up (its own bound, an interrupt) waits for the
 # cancelled task to release what it holds. Releasing is local work (closing a socket).
-_CANCEL_WAIT = 1.0
+_CANCEL_WAIT = 0.25
 # How long interpreter exit waits for the loop's tasks to end once cancelled.
 _EXIT_WAIT = 1.0
 
@@ -155,14 +155,14 @@ class EngineLoop:
             if job.abandoned:
                 job.future.set_exception(concurrent.futures.CancelledError())
                 return
-            # Created inside the caller's context: the task runs in a copy of it.
-            task = context.run(self._loop.create_task, fn(*args))
+            # Runs in the caller's context (below): the task runs in a copy of it.
+            task = self._loop.create_task(fn(*args))
             job.task = task
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(job.done)
 
-        self._loop.call_soon_threadsafe(start)
+        self._loop.call_soon_threadsafe(start, context=context)
         try:
             result: T = job.future.result(timeout=max(limit, 0.0))
             return result
