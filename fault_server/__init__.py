@@ -45,6 +45,7 @@ module                      what is in it
 `_structured`               the JSON content answering a structured-output request, and
                             a tool call's arguments from the tool's schema
 `_tools`                    which tool an answer calls, as each API offers and chooses
+`_fixtures`                 canned replies, tool calls and faults for matching requests
 **proxy mode**
 `_proxy`                    ``upstream=``: a real server's answers, faults injected
 `_proxy_recording`          ``record=``: the exchanges with the upstream, to a file

@@ -15,6 +15,7 @@ for rules that carry an ``id`` (a rule with a known id replaces the old one).
 | ``GET /_fault/journal`` | what each connection did, a page at a time |
 | ``GET /_fault/verdict`` | how the client behaved |
 | ``POST /_fault/forget`` | drop everything kept for a key |
+| ``GET/PUT/POST/DELETE /_fault/fixtures`` | read, replace, add to, clear the fixtures |
 | ``GET /metrics`` | Prometheus gauges (`_metrics`) |
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
+from ._fixtures import Fixture, fixtures_of
 from ._json_depth import loads as loads_limited
 from ._metrics import PATH as METRICS
 from ._metrics import exposition
@@ -217,6 +219,37 @@ def _verdict(state: ServerState, params: dict[str, str], data: Any) -> object:
     return judge(state.journal.snapshot(**params)).as_dict()
 
 
+def _get_fixtures(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ())
+    return {"fixtures": [f.as_dict() for f in state.fixtures.fixtures()]}
+
+
+def _put_fixtures(state: ServerState, params: dict[str, str], data: Any) -> object:
+    """Replace every fixture: ``{"fixtures": [...]}`` (those without an id: ``put-<n>``)."""
+    _only(params, ())
+    state.fixtures.replace(_fixtures_of(data, "put"))
+    return _get_fixtures(state, {}, None)
+
+
+def _post_fixtures(state: ServerState, params: dict[str, str], data: Any) -> object:
+    """Add fixtures: one, or ``{"fixtures": [...]}``; a known id replaces its fixture."""
+    _only(params, ())
+    items = data if isinstance(data, dict) and "fixtures" in data else [data]
+    state.fixtures.add(_fixtures_of(items, state.scenarios.new_id()))
+    return _get_fixtures(state, {}, None)
+
+
+def _delete_fixtures(state: ServerState, params: dict[str, str], data: Any) -> object:
+    _only(params, ())
+    return {"cleared": state.fixtures.clear()}
+
+
+def _fixtures_of(data: object, prefix: str) -> list[Fixture]:
+    if data is None:
+        raise _Bad('the body must be {"fixtures": [...]}')
+    return fixtures_of(data, prefix)
+
+
 def _metrics(state: ServerState, params: dict[str, str], data: Any) -> object:
     _only(params, ())
     return exposition(state)
@@ -237,6 +270,12 @@ _ROUTES: dict[str, dict[str, Handler]] = {
     "/_fault/journal": {"GET": _journal},
     "/_fault/verdict": {"GET": _verdict},
     "/_fault/forget": {"POST": _forget},
+    "/_fault/fixtures": {
+        "GET": _get_fixtures,
+        "PUT": _put_fixtures,
+        "POST": _post_fixtures,
+        "DELETE": _delete_fixtures,
+    },
 }
 
 

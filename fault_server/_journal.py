@@ -374,6 +374,8 @@ class Journal:
                 self._trim()
 
     def reindex(self, log: RequestLog, name: str, old: str | None, new: str | None) -> None:
+        if old == new:  # most requests carry no x-request-id, no Idempotency-Key.
+            return
         with self.lock:
             delta = _indexed_cost(new) - _indexed_cost(old)
             log.cost += delta

@@ -8,6 +8,7 @@ or padded to the requested number of tokens, so a test can assert exactly what i
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
 import time
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 from ._json_depth import loads as loads_limited
 from ._structured import json_answer, tool_arguments
-from ._tools import Tool, ToolError, chat_tool
+from ._tools import Tool, ToolError, chat_tool, offered
 
 __all__ = [
     "DONE",
@@ -146,6 +147,14 @@ class ChatRequest:
     base64: bool = False
     json_text: str | None = None  # the answer to a JSON response format (`_structured`)
     tool_schema: Any = None  # the called tool's parameters schema (`_structured`)
+    # What a fixture (`_fixtures`) matches on: the last message's text, whatever its role
+    # (a tool's result too), and the names of the tools offered.
+    last_text: str = ""
+    tools: tuple[str, ...] = ()
+    # A fixture's canned answer: the reply's text, or the called tool's arguments (JSON).
+    reply: str | None = None
+    tool_arguments: str | None = None
+    more_calls: tuple[tuple[str, str], ...] = ()  # (name, arguments JSON) after the first.
 
 
 def parse_chat(body: bytes) -> ChatRequest:
@@ -186,6 +195,8 @@ def parse_chat(body: bytes) -> ChatRequest:
         tool_schema=tool.schema if tool else None,
         max_tokens=max_tokens,
         json_text=json_answer(data.get("response_format"), "echo: " + last_user),
+        last_text=texts[-1] if texts else "",
+        tools=offered(chat_tool, data),
     )
 
 
@@ -210,7 +221,10 @@ def completion(req: ChatRequest, tokens: int) -> Whole:
     message: dict[str, Any] = {"role": "assistant", "content": "".join(pieces), "refusal": None}
     if req.tool_name is not None:
         message["content"] = None
-        message["tool_calls"] = [_tool_call(req.tool_name, "".join(pieces))]
+        message["tool_calls"] = [
+            _tool_call(req.tool_name, "".join(pieces)),
+            *(_tool_call(name, arguments) for name, arguments in req.more_calls),
+        ]
     payload = {
         "id": _new_id(),
         "object": "chat.completion",
@@ -241,6 +255,10 @@ def completion_stream(req: ChatRequest, tokens: int) -> EventStream:
         events = [frame({"role": "assistant", "content": None, "tool_calls": [call | _I0]})]
         events += [
             frame({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}) for p in pieces
+        ]
+        events += [  # a fixture's further calls, each whole in one chunk.
+            frame({"tool_calls": [{"index": i, **_tool_call(name, arguments)}]})
+            for i, (name, arguments) in enumerate(req.more_calls, 1)
         ]
     events.append(frame({}, finish))
     if req.include_usage:
@@ -323,8 +341,16 @@ def pieces_of(req: ChatRequest, tokens: int) -> tuple[list[str], str]:
     """The answer's content in ``tokens`` pieces (text words, or the pieces of a tool call's
     arguments JSON) and its finish reason: ``stop``, ``length`` or ``tool_calls``."""
     finish, wanted = "stop", tokens
+    if req.reply is not None:
+        tokens = wanted = len(req.reply.split(" "))
     if req.max_tokens is not None and req.max_tokens < tokens:
         tokens, finish = req.max_tokens, "length"
+    if req.reply is not None:  # a fixture's: word by word, as it was written.
+        said = req.reply.split(" ")
+        pieces = [w if i == 0 else " " + w for i, w in enumerate(said)][:tokens]
+        return pieces, finish if len(pieces) < len(said) else "stop"
+    if req.tool_name is not None and req.tool_arguments is not None:
+        return _split(req.tool_arguments, tokens), "tool_calls"
     words = [w[:_MAX_WORD] for w in ("echo: " + req.text).split()][:tokens]
     real = len(words)
     while len(words) < tokens:
@@ -422,4 +448,10 @@ def json_bytes(payload: object) -> bytes:
 
 
 def _new_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
+    return f"chatcmpl-{_ID_PREFIX}{next(_ids):012x}"
+
+
+# Completion ids: random per process, then counted (a urandom per answer was a system call
+# on the hot path).
+_ID_PREFIX = secrets.token_hex(6)
+_ids = itertools.count(1)

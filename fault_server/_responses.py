@@ -29,7 +29,7 @@ from ._openai import (
     text_of,
 )
 from ._structured import json_answer
-from ._tools import responses_tool
+from ._tools import offered, responses_tool
 
 __all__ = ["error_event", "parse_responses", "response", "response_stream"]
 
@@ -48,7 +48,7 @@ def parse_responses(body: bytes) -> ChatRequest:
     if isinstance(given, str):
         texts, last_user = [given], given
     elif isinstance(given, list) and all(isinstance(item, dict) for item in given):
-        texts = [text_of(item.get("content")) for item in given]
+        texts = [text_of(item.get("content", item.get("output"))) for item in given]
         users = [t for item, t in zip(given, texts, strict=True) if item.get("role") == "user"]
         last_user = users[-1] if users else ""
     else:
@@ -68,6 +68,8 @@ def parse_responses(body: bytes) -> ChatRequest:
         stream=data.get("stream") is True,
         tool_name=tool.name if tool else None,
         tool_schema=tool.schema if tool else None,
+        last_text=texts[-1] if texts else "",
+        tools=offered(responses_tool, data),
         max_tokens=max_tokens,
         api="responses",
         json_text=json_answer(
@@ -111,10 +113,22 @@ def response_stream(req: ChatRequest, tokens: int) -> EventStream:
             _event(seq, "response.function_call_arguments.delta", **where, delta=p) for p in pieces
         ]
         closing = [_event(seq, "response.function_call_arguments.done", **where, arguments=text)]
-    closing += [
-        _event(seq, "response.output_item.done", output_index=0, item=answer.item(text)),
-        _event(seq, "response.completed", response=answer.response(text)),
-    ]
+    closing.append(_event(seq, "response.output_item.done", output_index=0, item=answer.item(text)))
+    for index, call in enumerate(answer.more, 1):  # a fixture's further calls, each whole.
+        more = {"item_id": call["id"], "output_index": index}
+        arguments = call["arguments"]
+        closing += [
+            _event(
+                seq,
+                "response.output_item.added",
+                output_index=index,
+                item={**call, "status": "in_progress", "arguments": ""},
+            ),
+            _event(seq, "response.function_call_arguments.delta", **more, delta=arguments),
+            _event(seq, "response.function_call_arguments.done", **more, arguments=arguments),
+            _event(seq, "response.output_item.done", output_index=index, item=call),
+        ]
+    closing.append(_event(seq, "response.completed", response=answer.response(text)))
 
     def chunker(delta: dict[str, Any], finish_reason: str | None) -> bytes:
         if finish_reason is not None:
@@ -146,6 +160,17 @@ class _Answer:
         self.created = int(time.time())
         self.finish = finish
         self.output_tokens = output_tokens
+        self.more = [  # a fixture's calls after the first, complete.
+            {
+                "id": "fc_" + secrets.token_hex(12),
+                "type": "function_call",
+                "status": "completed",
+                "call_id": "call_" + secrets.token_hex(12),
+                "name": name,
+                "arguments": arguments,
+            }
+            for name, arguments in req.more_calls
+        ]
 
     def item(self, text: str | None) -> dict[str, Any]:
         """The output item; ``text`` None while in progress."""
@@ -187,7 +212,7 @@ class _Answer:
             "created_at": self.created,
             "status": status,
             "model": self.req.model,
-            "output": [self.item(text)] if done else [],
+            "output": [self.item(text), *self.more] if done else [],
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": [],

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ._buckets import Buckets
 from ._control_guard import ControlGuard
 from ._control_worker import ControlWorker
+from ._fixtures import Fixtures
 from ._journal import Journal
 from ._metrics import Flights
 from ._mix import MixState
@@ -31,6 +32,7 @@ class ServerState:
     guard: ControlGuard = field(default_factory=ControlGuard)
     control: ControlWorker = field(default_factory=ControlWorker)
     flights: Flights = field(default_factory=Flights)
+    fixtures: Fixtures = field(default_factory=Fixtures)
 
     def reset(self) -> None:
         """Zero the counts, restart the sequences and the mix's draws, empty the journal,
@@ -42,10 +44,11 @@ class ServerState:
 
     def forget(self, key: str) -> dict[str, int]:
         """Drop everything kept for ``key``: its journal entries, counts (its ``first=N``
-        sequence), mix draws and rules. Returns how much of each went."""
+        sequence), mix draws, rules and fixtures. Returns how much of each went."""
         return {
             "requests": self.journal.forget(key),
             "counts": int(self.counters.forget(key)),
             "rules": self.scenarios.clear(key),
             "draws": int(self.mix.forget(key)),
+            "fixtures": self.fixtures.clear(key),
         }

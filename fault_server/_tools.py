@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Tool", "ToolError", "chat_tool", "messages_tool", "responses_tool"]
+__all__ = ["Tool", "ToolError", "chat_tool", "messages_tool", "offered", "responses_tool"]
 
 
 class ToolError(ValueError):
@@ -80,6 +80,23 @@ def messages_tool(data: dict[str, Any]) -> Tool | None:
     kind = choice.get("type") if isinstance(choice, dict) else None
     name = choice.get("name") if isinstance(choice, dict) and kind == "tool" else None
     return _pick(data.get("tools"), read, kind == "none", name)
+
+
+def offered(pick: Callable[[dict[str, Any]], Tool | None], data: dict[str, Any]) -> tuple[str, ...]:
+    """The names of every tool the request offers (``pick`` reads its API's tools), in its
+    order; a tool it cannot read is left out (its request gets a 400 from ``pick``)."""
+    tools = data.get("tools")
+    if not isinstance(tools, list):
+        return ()
+    names = []
+    for tool in tools:
+        try:
+            found = pick({"tools": [tool]})
+        except ToolError:
+            continue
+        if found is not None:
+            names.append(found.name)
+    return tuple(names)
 
 
 def _named(name: object, schema: object, field: str) -> Tool:

@@ -17,9 +17,10 @@ stalled connections on purpose needs a cap on how many it holds.
   warning is logged at DEBUG only, so one shortage is one warning.
 
 - **Bursts**: at each wake-up it accepts every connection the kernel has queued (up to
-  `_BATCH`), as asyncio's own server does: a burst of 8,000 connects fills a 4,096-deep
-  queue faster than one accept per pass of the loop empties it, and each connect the queue
-  cannot hold waits a second for its SYN to be sent again.
+  `_BATCH`), as asyncio's own server does, and starts them `_FAIR` at a time, accepting
+  again between: a burst of 8,000 connects fills a 4,096-deep queue faster than one accept
+  per pass of the loop empties it (or than the connections start), and each connect the
+  queue cannot hold waits a second for its SYN to be sent again.
 
 It has the `close()`/`wait_closed()` surface of `asyncio.Server`.
 """
@@ -27,6 +28,7 @@ It has the `close()`/`wait_closed()` surface of `asyncio.Server`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import logging
 import socket
@@ -49,6 +51,7 @@ _RETRY_MAX = 0.5  # bounds how long an accept waits after descriptors are freed 
 # a burst of thousands of connects: the queue overflowed, and their SYNs were retransmitted
 # a second later.
 _BATCH = 4096
+_FAIR = 64  # accepted connections started per pass of the loop, between two drains.
 _QUIET = 30.0  # seconds after a warning in which a new shortage is not warned about again.
 
 
@@ -71,6 +74,7 @@ class Acceptor:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._waiting: asyncio.AbstractEventLoop | None = None  # has a reader registered.
+        self._pending: collections.deque[socket.socket] = collections.deque()  # not started.
         self.refused = 0  # accept() calls that failed for want of descriptors.
 
     @property
@@ -92,6 +96,9 @@ class Acceptor:
             self._waiting.remove_reader(self._sock.fileno())
             self._waiting = None
         self._sock.close()
+        while self._pending:  # accepted, never served.
+            self._pending.popleft().close()
+            self._open -= 1
 
     async def wait_closed(self) -> None:
         """Wait until the accept loop has ended."""
@@ -105,16 +112,20 @@ class Acceptor:
         warned = -_QUIET  # when the last shortage was warned about.
         quiet = False  # whether the current shortage is logged at DEBUG only.
         while not self._closed:
-            while self._open >= self._max:
+            self._start_some(loop)
+            while self._open >= self._max and not self._pending:
                 self._room.clear()
                 await self._room.wait()
             try:
-                accepted = self._drain(loop)
+                accepted = self._drain()
             except OSError as exc:
                 if exc.errno not in _EXHAUSTED:
                     if self._closed or exc.errno == errno.EBADF:
                         return
                     continue  # ECONNABORTED and friends: that client is gone, not us.
+                if self._pending:  # start those first: they may free descriptors.
+                    await asyncio.sleep(0)
+                    continue
                 self.refused += 1
                 if episode is None:
                     episode = time.monotonic()
@@ -141,14 +152,21 @@ class Acceptor:
                     self.refused,
                 )
                 episode, retry = None, _RETRY_MIN
-            if accepted >= _BATCH:
-                await asyncio.sleep(0)  # more may wait: let the accepted ones start first.
+            if self._pending or accepted >= _BATCH:
+                await asyncio.sleep(0)  # let the started ones run, then accept again.
             else:
                 await self._readable(loop)
 
-    def _drain(self, loop: asyncio.AbstractEventLoop) -> int:
+    def _start_some(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start serving up to `_FAIR` of the accepted connections, oldest first."""
+        for _ in range(min(_FAIR, len(self._pending))):
+            self._serve(loop, self._pending.popleft())
+
+    def _drain(self) -> int:
         """Accept every connection the kernel has queued (at most `_BATCH`, and up to the
-        cap), and start serving each; how many.
+        cap) into `_pending`; how many. Accepting costs a few microseconds, starting a
+        connection a hundred: the queue is emptied first, so that no SYN is dropped while
+        the connections start.
 
         Raises:
             OSError: from ``accept()``, other than "nothing left to accept", when it
@@ -165,7 +183,8 @@ class Acceptor:
                     break  # served what it took; the error comes back on the next call.
                 raise
             conn.setblocking(False)
-            self._serve(loop, conn)
+            self._pending.append(conn)
+            self._open += 1
             accepted += 1
         return accepted
 
@@ -191,7 +210,6 @@ class Acceptor:
                 loop.remove_reader(fd)
 
     def _serve(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
-        self._open += 1
         loop.create_task(self._connection(loop, conn), name="fault_server.connection")
 
     async def _connection(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
+import sys
 import time
+from collections.abc import AsyncIterator
 
 import anyio
 import h11
@@ -32,7 +35,7 @@ from ._formats import lenient_request, parse_request, path_error, route
 from ._journal import ConnLog, RequestLog
 from ._metrics import Flight
 from ._openai import ChatRequest, RequestError, Whole, error
-from ._scenarios import RequestInfo
+from ._scenarios import RequestInfo, Rule
 from ._spec import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
 from ._state import ServerState
 from ._wire_exchange import (
@@ -83,6 +86,7 @@ class Connection:
         self._conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
         self._keys_seen = SeenKeys()
         self._request: h11.Request | None = None
+        self._fields: dict[bytes, bytes] = {}  # the request's headers, first value of each.
         self._current: RequestLog | None = None  # the journal entry of the request being read.
 
     async def serve(self) -> None:
@@ -113,7 +117,10 @@ class Connection:
     async def _accept_slowly(self) -> None:
         """Apply an armed connection-level fault (``slow_accept``, ``refuse``) before any
         request is read; `_Closed` when it refuses the connection."""
-        rule = self._state.scenarios.take_connection()
+        await self._connection_fault(self._state.scenarios.take_connection())
+
+    async def _connection_fault(self, rule: Rule | None) -> None:
+        """Apply ``rule``'s connection-level fault, if any; `_Closed` when it refuses."""
         if rule is None:
             return
         self._log.fault = str(rule.spec)
@@ -188,7 +195,7 @@ class Connection:
             if remaining <= 0:
                 raise _Closed("server", "idle" if idle else "hold")
             try:
-                with anyio.fail_after(remaining):
+                async with _read_bound(remaining):
                     data = await self._reader.read(_READ_SIZE)
             except TimeoutError as exc:
                 raise _Closed("server", "idle" if idle else "hold") from exc
@@ -197,17 +204,19 @@ class Connection:
             self._conn.receive_data(data)
 
     def _header(self, name: bytes) -> str | None:
-        if self._request is None:
-            return None
-        for key, value in self._request.headers:
-            if key == name:
-                return value.decode("latin-1").strip()
-        return None
+        """The first value of the request's header ``name`` (lower case), if any."""
+        value = self._fields.get(name)
+        return None if value is None else value.decode("latin-1").strip()
 
     # -- answering ---------------------------------------------------------------------
 
     async def _handle(self, request: h11.Request) -> Outcome:
         self._request = request
+        # Once per request: h11's headers are a Sequence read item by item in Python, and
+        # six lookups by scanning them cost more than the answer's JSON.
+        self._fields = {}
+        for name, value in request.headers:
+            self._fields.setdefault(name, value)
         deadline = time.monotonic() + self._max_hold
         method = request.method.decode("ascii", "replace")
         target = request.target.decode("ascii", "replace")
@@ -232,6 +241,8 @@ class Connection:
         except _Closed as exc:  # while reading the body: the client left, or was too slow.
             if exc.by == "client":
                 self._log.end_request(log, "client_closed" if exc.how == "fin" else "client_reset")
+            elif exc.how == "refused":  # a keyed `refuse`: the connection is reset.
+                self._log.end_request(log, "server_reset")
             else:
                 self._log.end_request(log, "hold_expired")
             raise
@@ -273,6 +284,11 @@ class Connection:
             invalid = path_error(path, 400, message, code="invalid_fault")
             return await self._refuse(invalid, request_id, log)
         key = spec.key or self._header(b"x-fault-key")
+        if key is not None and self._log.total == 1 and self._log.fault is None:
+            log.key = key
+            # A connection-level fault armed for this key (a test's scope) takes the
+            # connection whose first request carries it, and no other test's.
+            await self._connection_fault(self._state.scenarios.take_connection(key=key))
         body: bytes | None = None
         if source != "header":  # a header is the test's explicit word: nothing overrides it.
             info = RequestInfo(key=key, path=path, method=method)
@@ -297,10 +313,8 @@ class Connection:
             if body is not None:
                 return await self._send(routed, request_id, log=log)
             return await self._refuse(routed, request_id, log)
-        hold = self._max_hold
-        if spec.get("hold") is not None:
-            hold = min(hold, spec.number("hold"))
         if spec.name == "half_open" and body is None:  # never read past the head.
+            hold = self._hold(spec)
             return await self._run(spec, None, LocalSource(None, 0), request_id, hold, log, flight)
         if body is None:
             body = await self._read_body(deadline)
@@ -318,8 +332,35 @@ class Connection:
             except RequestError as exc:
                 whole = path_error(path, 400, str(exc), param=exc.param)
                 return await self._send(whole, request_id, log=log)
+            if chat is not None and self._state.fixtures:
+                chat, spec = self._fixture(chat, spec, key, path, log)
             answers = LocalSource(chat, spec.integer("tokens"))
+        hold = self._hold(spec)
         return await self._run(spec, chat, answers, request_id, hold, log, flight)
+
+    def _hold(self, spec: FaultSpec) -> float:
+        """How long ``spec`` may keep the connection: its ``hold``, at most max_hold."""
+        hold = spec.get("hold")
+        return self._max_hold if hold is None else min(self._max_hold, spec.number("hold"))
+
+    def _fixture(
+        self, chat: ChatRequest, spec: FaultSpec, key: str | None, path: str, log: RequestLog
+    ) -> tuple[ChatRequest, FaultSpec]:
+        """``chat`` answered by the first matching fixture, and the fault that delivers it:
+        the fixture's, unless an ``X-Fault`` header or a scenario rule chose one."""
+        headers = {
+            name.decode("latin-1"): value.decode("latin-1").strip()
+            for name, value in (self._request.headers if self._request is not None else [])
+        }
+        fixture = self._state.fixtures.take(chat, key, path, headers)
+        if fixture is None:
+            return chat, spec
+        if fixture.fault is not None and log.source not in ("header", "scenario"):
+            if key is not None and log.source not in ("mix", "path"):
+                self._counters.key_faulted(key)
+            spec = _merged(fixture.fault, spec)
+            log.fault, log.source = str(spec), "fixture"
+        return fixture.answer(chat), spec
 
     def _armed(self, spec: FaultSpec, source: str, info: RequestInfo) -> tuple[FaultSpec, str]:
         """The fault armed on the server for this request, if any: a matching scenario rule
@@ -375,10 +416,11 @@ class Connection:
             buckets=self._state.buckets,
         )
         behaviour = BEHAVIOURS[spec.name]
-        watcher.start()
         try:
             with anyio.move_on_after(hold):
                 flight.queued(spec.name)
+                # Even without a delay this yields once: a client pipelining requests must
+                # not keep the loop from the other connections.
                 await exchange.sleep(spec.number("delay"))
                 flight.answering(spec.name)
                 outcome = await behaviour(exchange)
@@ -395,7 +437,9 @@ class Connection:
             self._log.close("server", "hold")
             return Outcome.CLOSE  # hold ran out.
         except PeerGone:
-            how = watcher.how or "rst"
+            # The watcher tells FIN from RST; when it never ran (the answer went out at
+            # once), the reader knows whether a FIN came.
+            how = watcher.how or ("fin" if self._reader.at_eof() else "rst")
             self._log.end_request(log, "client_closed" if how == "fin" else "client_reset")
             self._log.close("client", how)
             return Outcome.ABORTED
@@ -462,7 +506,7 @@ class Connection:
         given = self._header(b"x-request-id")
         if given and len(given) <= 200 and given.isprintable():
             return given
-        return "req_" + secrets.token_hex(16)
+        return f"req_{_ID_PREFIX}{next(_ids):016x}"
 
     async def _write(self, data: bytes | None) -> None:
         if not data:
@@ -488,6 +532,25 @@ class Connection:
         except asyncio.CancelledError:
             transport.abort()
             raise
+
+
+if sys.version_info >= (3, 11):
+    # A read bounded by asyncio's own timeout: the read is a leaf (no scope inside it), and
+    # at two reads a request, anyio's scope (its backend looked up each time) cost ~25 us
+    # of a ~250 us request.
+    _read_bound = asyncio.timeout
+else:  # pragma: no cover - Python 3.10 has no asyncio.timeout.
+
+    @contextlib.asynccontextmanager
+    async def _read_bound(seconds: float) -> AsyncIterator[None]:
+        with anyio.fail_after(seconds):
+            yield
+
+
+# Request ids the server makes up: random per process, then counted (a urandom per
+# request was a system call on the hot path).
+_ID_PREFIX = secrets.token_hex(8)
+_ids = itertools.count(1)
 
 
 def _check_head_size(conn: h11.Connection) -> None:

@@ -135,7 +135,7 @@ def test_bad_scenarios_raise_before_anything_is_armed(own: ServerThread) -> None
     with pytest.raises(FaultSpecError, match="unknown fault"):
         own.scenario("nope")
     with pytest.raises(FaultSpecError, match="slow_accept"):
-        own.scenario("slow_accept", key="k")
+        own.scenario("slow_accept", model="gpt-*")
     with pytest.raises(FaultSpecError, match="times"):
         own.scenario("status;key=k;first=1")
     with pytest.raises(FaultSpecError, match="sum"):
@@ -414,3 +414,57 @@ def test_docs_list_every_control_route() -> None:
     for path, methods in _ROUTES.items():
         for method in methods:
             assert any(f"`{method} {path}" in row for row in rows), (method, path)
+
+
+# -- connection-level faults armed for a key stay with that key's connections -------------
+
+
+def test_a_scoped_refuse_takes_only_its_own_tests_connection(own: ServerThread) -> None:
+    scope = own.scope("test-a")
+    scope.scenario("refuse", times=1)
+    assert codes(own.url(), 1) == [200]  # another test's connection: untouched.
+    assert codes(own.url(key="test-b"), 1) == [200]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(scope.url() + "/models")
+    assert codes(scope.url(), 1) == [200]  # times=1: used.
+    (refused,) = [c for c in scope.journal() if c.fault is not None]
+    assert refused.fault == "refuse"
+    assert refused.requests[0].outcome == "server_reset"
+
+
+def test_a_scoped_slow_accept_delays_only_its_own_tests_connection(own: ServerThread) -> None:
+    scope = own.scope("test-a")
+    scope.scenario("slow_accept", pause=1.0, times=1)
+    start = time.monotonic()
+    assert codes(own.url(), 1) == [200]
+    assert time.monotonic() - start < 0.9
+    start = time.monotonic()
+    assert codes(scope.url(), 1) == [200]
+    assert time.monotonic() - start >= 1.0
+
+
+def test_connection_rules_match_a_key_only(own: ServerThread) -> None:
+    with pytest.raises(FaultSpecError, match="can match a key only"):
+        own.scenario("refuse", path="/v1/*")
+    with pytest.raises(FaultSpecError, match="before any request can carry a key"):
+        own.scenario("tls_stall", key="k")
+
+
+@pytest.mark.slow
+def test_ten_thousand_armed_rules_cost_a_healthy_request_little(own: ServerThread) -> None:
+    def cost(n: int) -> float:
+        """The median seconds of a keep-alive request with ``n`` rules armed by others."""
+        own.clear_scenarios()
+        for i in range(n):
+            own.scenario("status", code=503, key=f"other-{i}", rule_id=f"r{i}")
+        with httpx.Client() as client:
+            times = []
+            for _ in range(200):
+                start = time.monotonic()
+                assert client.get(own.url(key="mine") + "/models").status_code == 200
+                times.append(time.monotonic() - start)
+        return sorted(times)[len(times) // 2]
+
+    bare = cost(0)
+    armed = cost(10_000)
+    assert armed - bare < 0.001, f"{(armed - bare) * 1000:.2f} ms more per request"

@@ -158,7 +158,9 @@ def test_forget_drops_a_keys_journal_counts_and_rules(own_server: ServerThread) 
     body = json.dumps({"key": "k0"}).encode()
     answer = raw_exchange(own_server.base_url, http_request("POST", "/_fault/forget", body, JSON))
     assert answer.status == 200, answer
-    assert answer.json() == {"forgot": {"requests": 20, "counts": 1, "rules": 0, "draws": 0}}
+    assert answer.json() == {
+        "forgot": {"requests": 20, "counts": 1, "rules": 0, "draws": 0, "fixtures": 0}
+    }
     assert own_server.journal("k0") == ()
     assert own_server.key_stats("k0").requests == 0
     assert len([r for c in own_server.journal("k1") for r in c.requests]) == 20

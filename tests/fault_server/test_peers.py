@@ -29,6 +29,7 @@ import fault_server
 from fault_server import FAULTS, FaultServer, RecordingError, ServerThread
 from fault_server._wire_tls import TLS_SUPPORTED, _with_openssl
 
+from ..support.timing import MARGIN
 from ..support.wire import CHAT, ROOT, STREAM, Raw, address, chat_path, dechunk, request
 
 pytestmark = pytest.mark.usefixtures("no_server_errors")
@@ -435,3 +436,52 @@ def test_the_openssl_fallback_makes_a_certificate_clients_trust(tmp_path: Path) 
             assert tls.recv(2) == b"ok"
         thread.join(5)
     assert done == [None]
+
+
+@pytest.mark.slow
+def test_replay_with_the_recorded_timing_and_a_speed(own: ServerThread, tmp_path: Path) -> None:
+    """A stream recorded at 5 tokens a second replays at that pace, or faster by the speed,
+    or at once without one."""
+    tape = tmp_path / "tape.jsonl"
+    paced = own.url("token_rate", tps=5)  # an upstream at 8 chunks, 0.2 s apart: ~1.6 s.
+    slow = {**CHAT, "messages": [{"role": "user", "content": "slowly"}]}
+    with (
+        fault_server.running(port=0, max_hold=10.0, upstream=paced, record=tape) as proxy,
+        httpx.Client(base_url=proxy.url(), timeout=10) as client,
+    ):
+        streamed = client.post("/chat/completions", json=STREAM).content
+        whole = client.post("/chat/completions", json=slow).json()
+    (stream_line, whole_line) = [json.loads(line) for line in tape.read_text().splitlines()]
+    times = stream_line["timing"]["frames"]
+    assert len(times) == len(stream_line["frames"])
+    assert times == sorted(times) and times[-1] >= 1.4
+    assert whole_line["timing"]["body"] >= 1.4
+
+    def replayed(speed: float | None) -> tuple[float, float, bytes]:
+        with (
+            fault_server.running(port=0, max_hold=10.0, replay=tape, replay_speed=speed) as srv,
+            httpx.Client(base_url=srv.url(), timeout=10) as client,
+        ):
+            start = time.monotonic()
+            body = client.post("/chat/completions", json=STREAM).content
+            took = time.monotonic() - start
+            start = time.monotonic()
+            assert client.post("/chat/completions", json=slow).json() == whole
+            return took, time.monotonic() - start, body
+
+    as_recorded, whole_as_recorded, body = replayed(1.0)
+    assert body == streamed
+    assert 1.4 <= as_recorded < 1.6 + MARGIN + 0.5
+    assert 1.4 <= whole_as_recorded < 1.6 + MARGIN + 0.5
+    faster, whole_faster, _ = replayed(4.0)
+    assert 0.35 <= faster < 0.4 + MARGIN + 0.3
+    assert 0.35 <= whole_faster < 0.4 + MARGIN + 0.3
+    at_once, whole_at_once, _ = replayed(None)
+    assert at_once < 0.3 + MARGIN and whole_at_once < 0.3 + MARGIN
+
+
+def test_replay_speed_is_checked() -> None:
+    with pytest.raises(ValueError, match="replay_speed"):
+        FaultServer(replay_speed=2.0)  # without replay=
+    with pytest.raises(ValueError, match="replay_speed"):
+        FaultServer(replay="x.jsonl", replay_speed=0)

@@ -211,6 +211,12 @@ async def test_openai_responses_parse_and_stream_with_pydantic_tools(srv: Server
         parsed = await client.responses.parse(model="m", input="hello there", tools=tools)
         async with client.responses.stream(model="m", input="hello there", tools=tools) as events:
             streamed = await events.get_final_response()
+        async with client.responses.stream(
+            model="m", input="hello there", text_format=Answer
+        ) as formatted:
+            structured = await formatted.get_final_response()
+    assert structured.output_parsed is not None
+    assert structured.output_parsed.inner == Inner(count=0, ratio=0, ok=False)
     for response in (parsed, streamed):
         (item,) = response.output
         assert item.type == "function_call"
@@ -235,10 +241,15 @@ async def test_anthropic_tool_use_and_parse_fit_their_schemas(srv: ServerThread)
         parsed = await client.messages.parse(
             model="c", max_tokens=64, messages=said, output_format=Answer
         )
+        async with client.messages.stream(
+            model="c", max_tokens=64, messages=said, output_format=Answer
+        ) as structured:
+            streamed_parsed = await structured.get_final_message()
     for message in (created, streamed):
         block = message.content[0]
         assert block.type == "tool_use"
         assert Weather.model_validate(block.input, strict=True) == WEATHER
+    assert streamed_parsed.parsed_output == parsed.parsed_output
     assert parsed.parsed_output == Answer(
         answer="echo: hello there",
         mood="echo: hello there",
