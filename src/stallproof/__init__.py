@@ -7,6 +7,12 @@ The SDK faces, `stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAn
 (and their sync forms `OpenAI`, `Anthropic`), live in submodules that are imported on first
 use: ``import stallproof`` imports neither SDK. Sync code has `Transport`, `Transport2`,
 `sync_http_client()` and `sync_http_client2()`, and ``with stallproof.deadline(...)``.
+
+Where is it stuck? `stallproof.inflight()` is every call in flight in the process (every
+client, face and transport; `_registry`); `publish_inflight` (to Redis, `_fleet._publish`)
+and `serve_inflight` (a local socket, `_local_socket`) show it to the ``stallproof``
+command: ``stallproof top`` (`_top`) and ``stallproof diagnose`` (`_diagnose`), parsed in
+`_cli` (docs/debugging.md).
 """
 
 import importlib
