@@ -43,7 +43,7 @@ def running_clock() -> Clock | None:
             trio.lowlevel.current_task()
         except RuntimeError:
             return None
-        return trio.current_time  # type: ignore[no-any-return]
+        return trio.lowlevel.current_clock().current_time  # type: ignore[no-any-return]
     return None
 
 
