@@ -142,3 +142,20 @@ async def fleet_code() -> None:
     fleet: list[str | None] = [c.shared for c in client.inflight()]
     del where, fleet
     await client.aclose()
+
+
+def observing_code() -> None:
+    """What a harness adds so that `stallproof top` and `stallproof diagnose` see it."""
+    shared = stallproof.RedisState("redis://127.0.0.1:6379/0", prefix="harness")
+    with stallproof.publish_inflight(shared, interval=1.0, ttl=3.0) as publisher:
+        health: str = publisher.health
+        del health
+    server: stallproof.InflightServer = stallproof.serve_inflight(stalled_after=5.0)
+    server.close()
+    calls: tuple[stallproof.InflightCall, ...] = stallproof.inflight(stalled_after=5.0)
+    rows: list[dict[str, object]] = [c.as_json() for c in calls]
+    again = [stallproof.InflightCall.from_json(r) for r in rows]
+    pids: list[int] = [c.pid for c in again]
+    publisher2: stallproof.InflightPublisher = stallproof.publish_inflight(shared)
+    publisher2.close(timeout=5.0)
+    del pids

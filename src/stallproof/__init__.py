@@ -8,13 +8,26 @@ The SDK faces, `stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAn
 use: ``import stallproof`` imports neither SDK. Sync code has `Transport`, `Transport2`,
 `sync_http_client()` and `sync_http_client2()`, and ``with stallproof.deadline(...)``.
 
-Where things are. Five layers, each importing only from the layers below it; the life of
+Where is it stuck? `stallproof.inflight()` is every call in flight in the process (every
+client, face and transport; `_registry`); `publish_inflight` (to Redis, `_publish`)
+and `serve_inflight` (a local socket, `_local_socket`) show it to the ``stallproof``
+command: ``stallproof top`` (`_top`) and ``stallproof diagnose`` (`_diagnose`), parsed in
+`_cli` (docs/debugging.md).
+
+Where things are. Six layers, each importing only from the layers below it; the life of
 one call through them is told in docs/architecture.md. A sub-package's own docstring maps
 its modules and states its rule.
 
 =================== =====================================================================
 module              what is in it
 =================== =====================================================================
+**the command**     ``stallproof top`` and ``diagnose``, and what feeds them (debugging.md)
+`__main__`          ``python -m stallproof``: the command
+`_cli`              ``stallproof top`` / ``diagnose``: arguments, output, exit status
+`_top`              every call in flight across the fleet, sorted by what needs attention
+`_diagnose`         the four probes (fleet, server gauges, a fresh call) and a verdict
+`_publish`          `publish_inflight`: a process's calls in flight, to Redis with a TTL
+`_local_socket`     `serve_inflight`: a process's calls in flight, on a local socket
 **faces**           what callers hold; they adapt, they never bound
 `_client`           `Client`: the native async OpenAI-compatible client
 `_completions`      ``client.chat.completions`` (and ``client.beta``)
@@ -39,6 +52,7 @@ module              what is in it
 `_decoding`         Content-Encoding decoding that counts what it decodes
 `_json`             JSON from a server: off the loop when large, depth-checked
 `_inflight`         `InflightCall`, `tag()`, `format_inflight`: where is each call?
+`_registry`         every engine of the process, weakly: `stallproof.inflight()`
 `_telemetry`        OpenTelemetry spans and metrics, stdlib logging
 `_retry`            the retry loop (tenacity) and the budget's tokens
 `_status`           a non-2xx answer -> a typed `APIStatusError`
@@ -107,9 +121,12 @@ from ._exceptions import (
 from ._faces._sync_transport import Transport, Transport2, sync_http_client, sync_http_client2
 from ._faces._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
 from ._inflight import InflightCall, dump_on_signal, format_inflight, tag
+from ._local_socket import InflightServer, serve_inflight
 from ._pacer import PacerState
 from ._policies import DEFAULT_RETRY_STATUSES, Breaker, Pacer, RedisState, Retry, RetryBudget
+from ._publish import InflightPublisher, publish_inflight
 from ._raw import RawResponse, StreamingResponse
+from ._registry import inflight
 from ._resources import Embeddings, ModelList, ModelPage, Models
 from ._responses import Responses
 from ._stream import AsyncStream, ResponseStream
@@ -144,7 +161,10 @@ __all__ = [
     "http_client",
     "http_client2",
     "IdleTimeout",
+    "inflight",
     "InflightCall",
+    "InflightPublisher",
+    "InflightServer",
     "InternalServerError",
     "InvalidRequestError",
     "Limits",
@@ -159,6 +179,7 @@ __all__ = [
     "PermissionDeniedError",
     "PoolTimeout",
     "ProtocolError",
+    "publish_inflight",
     "RateLimitError",
     "RawResponse",
     "ReadTimeout",
@@ -169,6 +190,7 @@ __all__ = [
     "Retry",
     "RetryBudget",
     "RetryWouldExceedDeadline",
+    "serve_inflight",
     "SharedStateUnavailable",
     "StallproofError",
     "StreamErrorEvent",

@@ -43,7 +43,7 @@ def running_clock() -> Clock | None:
             trio.lowlevel.current_task()
         except RuntimeError:
             return None
-        return trio.current_time  # type: ignore[no-any-return]
+        return trio.lowlevel.current_clock().current_time  # type: ignore[no-any-return]
     return None
 
 
@@ -52,7 +52,8 @@ def loop_clock() -> Clock:
 
     `anyio.current_time` finds the backend through sniffio on every call; a call reads
     the clock a dozen times, so it keeps the function it resolves to (asyncio's
-    ``loop.time``, trio's ``current_time``, which follows a test's ``MockClock``).
+    ``loop.time``, the trio run's clock's ``current_time``, a test's ``MockClock`` too).
+    Either answers from any thread: the process registry reads calls from other threads.
     """
     global _last_clock
     try:
@@ -70,7 +71,9 @@ def loop_clock() -> Clock:
     if library == "trio":
         import trio
 
-        return trio.current_time
+        # The run's clock object (a test's MockClock too): its method, unlike
+        # `trio.current_time`, answers from any thread (`stallproof.inflight()` reads it).
+        return trio.lowlevel.current_clock().current_time
     return anyio.current_time  # pragma: no cover - another anyio backend
 
 

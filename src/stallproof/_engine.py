@@ -61,6 +61,7 @@ from ._policies import Breaker, Pacer, Retry, RetryBudget
 from ._progress import Outcome
 from ._redact import check_headers
 from ._redirects import BadLocation, next_hop, redirect_location
+from ._registry import register, snapshot
 from ._retry import RetryTokens, make_retrying
 from ._status import status_error_from_body
 from ._telemetry import Instruments
@@ -219,6 +220,7 @@ class Engine:
         self.pool: Wire = pool
         self._rng = random.Random()
         self._calls: dict[int, Call] = {}
+        register(self, self._calls)  # in `stallproof.inflight()` while this engine lives
         self._instruments = Instruments(
             provider_name=provider_name,
             record_content=record_content,
@@ -235,8 +237,7 @@ class Engine:
 
     def inflight(self, *, stalled_after: float = 5.0) -> tuple[InflightCall, ...]:
         """Every call in progress right now, longest-running first (see `Client.inflight`)."""
-        now = anyio.current_time()
-        calls = [c.snapshot(now, stalled_after) for c in list(self._calls.values())]
+        calls = snapshot(self._calls, stalled_after)  # from any thread
         return tuple(sorted(calls, key=lambda c: -c.elapsed))
 
     @property

@@ -28,7 +28,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import baggage, metrics, propagate, trace
@@ -152,7 +153,7 @@ class Instruments:
         record_content: bool,
         tracer_provider: trace.TracerProvider | None,
         meter_provider: metrics.MeterProvider | None,
-        circuits: Any,
+        circuits: Callable[[], Mapping[str, CircuitState]],
     ) -> None:
         self.provider_name = provider_name
         self.record_content = record_content
@@ -188,10 +189,14 @@ class Instruments:
         self.attempts = meter.create_counter(
             "stallproof.client.attempts", unit="{attempt}", description="HTTP attempts"
         )
-        self._circuits = circuits
+        # The meter keeps the gauge's callback for ever (the API's proxy meter does, to
+        # hand it to an SDK installed later): the callback holds the engine weakly, or
+        # every engine made would stay alive, and in `stallproof.inflight()`.
+        weak_circuits = weakref.WeakMethod(circuits)
 
         def observe_breakers(options: Any) -> Iterable[metrics.Observation]:
-            states: Mapping[str, CircuitState] = self._circuits()
+            circuits = weak_circuits()
+            states: Mapping[str, CircuitState] = circuits() if circuits is not None else {}
             for upstream, state in states.items():
                 yield metrics.Observation(
                     _BREAKER_VALUES.get(state.state, -1), {"stallproof.upstream": upstream}

@@ -45,3 +45,14 @@ def fleet_workers() -> Iterator[FleetWorkers]:
         yield workers
     finally:
         workers.kill_all()
+
+
+@pytest.fixture
+def inflight_workers() -> Iterator[FleetWorkers]:
+    """Worker processes with calls in flight (tests/support/inflight_worker.py), killed at
+    the end of the test."""
+    workers = FleetWorkers("inflight_worker.py")
+    try:
+        yield workers
+    finally:
+        workers.kill_all()

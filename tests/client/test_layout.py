@@ -13,7 +13,7 @@ import stallproof
 
 SRC = pathlib.Path(stallproof.__file__).parent
 # The map's layers, lowest first: a module may import from its own layer or one below.
-LAYERS = ["foundations", "the wire", "policies", "the engine", "faces"]
+LAYERS = ["foundations", "the wire", "policies", "the engine", "faces", "the command"]
 
 
 def _module_name(path: pathlib.Path) -> str:

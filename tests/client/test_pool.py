@@ -447,6 +447,7 @@ async def test_hung_lookups_do_not_starve_a_later_call(fault_server: Any) -> Non
     finally:
         await client.aclose()
         await engine.aclose()
+        await wire.aclose()  # the engine leaves a pool it was given to its owner
         dns.close()
 
 
@@ -486,6 +487,7 @@ async def test_a_name_whose_first_address_black_holes_connects_to_the_next(
     finally:
         await client.aclose()
         await engine.aclose()
+        await wire.aclose()  # the engine leaves a pool it was given to its owner
         for s in fillers:
             s.close()
         hole.close()

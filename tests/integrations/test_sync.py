@@ -602,7 +602,8 @@ client = stallproof.openai.OpenAI(api_key="k", base_url=sys.argv[1], timeout=30,
 messages = [{"role": "user", "content": "hi"}]
 call = lambda: client.chat.completions.create(model="m", messages=messages)
 threading.Thread(target=call, daemon=True).start()
-while not client.inflight():
+# Stalled at the server: sent, no headers (before that, the server may not have seen it).
+while [c.phase for c in client.inflight()] != ["awaiting headers"]:
     time.sleep(0.01)
 print("stalled", flush=True)
 """

@@ -154,12 +154,15 @@ class FleetWorkers:
     name (or null) and its elapsed seconds. Every wait is bounded.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, script: str = "fleet_worker.py") -> None:
+        """``script``: the worker, a file of tests/support (inflight_worker.py for the
+        ``stallproof top`` tests)."""
+        self._script = os.path.join(os.path.dirname(__file__), script)
         self._procs: list[subprocess.Popen[str]] = []
 
     def start(self, *jobs: dict[str, Any], timeout: float = 60.0) -> list[subprocess.Popen[str]]:
         """Start one worker per job and wait until every one is ready."""
-        script = os.path.join(os.path.dirname(__file__), "fleet_worker.py")
+        script = self._script
         procs = [
             subprocess.Popen(
                 [sys.executable, script, json.dumps(job)],
@@ -171,14 +174,19 @@ class FleetWorkers:
             for job in jobs
         ]
         self._procs += procs
+        self.expect("ready", *procs, timeout=timeout)
+        return procs
+
+    @staticmethod
+    def expect(word: str, *procs: subprocess.Popen[str], timeout: float) -> None:
+        """Wait (``timeout`` s in all) until each worker prints its next line: ``word``."""
         limit = time.monotonic() + timeout
         for proc in procs:
             assert proc.stdout is not None
             ready, _, _ = select.select([proc.stdout], [], [], max(0.0, limit - time.monotonic()))
             line = proc.stdout.readline() if ready else ""
-            if line.strip() != "ready":
-                raise AssertionError(f"worker not ready within {timeout}s: {line!r}")
-        return procs
+            if line.strip() != word:
+                raise AssertionError(f"worker did not print {word!r} within {timeout}s: {line!r}")
 
     @staticmethod
     def go(*procs: subprocess.Popen[str]) -> None:

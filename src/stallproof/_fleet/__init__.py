@@ -1,5 +1,7 @@
 """The fleet: a `Pacer`'s limits and a `Breaker`'s circuits shared across processes through
-Redis (``shared=RedisState(...)``, the ``redis`` extra; docs/fleet.md).
+Redis (``shared=RedisState(...)``, the ``redis`` extra; docs/fleet.md). The store and
+scripts also carry each process's calls in flight for ``stallproof top`` (`_publish`, a
+layer above).
 
 The rule of this package: Redis is one more upstream that can be slow, down or stalled.
 Every operation goes through `SharedStore` with its own bound clipped to the call's

@@ -19,6 +19,8 @@ Keys live under one hash tag, ``{prefix}``, so a cluster keeps them in one slot:
     {p}:pacer:vtime       STRING virtual time of the last grant
     {p}:pacer:aimd        HASH limit, epoch, successes, overloads
     {p}:cb:<upstream>     HASH state, failures, successes, open_until, probe, probe_until
+    {p}:inflight:procs    ZSET process id -> expiry (ms)       processes publishing calls
+    {p}:inflight:p:<id>   STRING JSON, expires (PX)            one process's in-flight table
 
 Fairness is start-time fair queuing over agents: the agent with the smallest start time is
 served, and the fleet's virtual time becomes that start time; a grant's finish time is its
@@ -31,7 +33,16 @@ worker that dies holding either blocks nobody past that time.
 
 from __future__ import annotations
 
-__all__ = ["BREAKER_ADMIT", "BREAKER_RECORD", "PACER_ACQUIRE", "PACER_LEAVE", "PACER_RELEASE"]
+__all__ = [
+    "BREAKER_ADMIT",
+    "BREAKER_RECORD",
+    "INFLIGHT_PUBLISH",
+    "INFLIGHT_READ",
+    "INFLIGHT_REMOVE",
+    "PACER_ACQUIRE",
+    "PACER_LEAVE",
+    "PACER_RELEASE",
+]
 
 # Shared by the pacer scripts: the clock, and dropping what has expired.
 _PACER_PRELUDE = """
@@ -278,5 +289,57 @@ else
   redis.call('HSET', K, 'failures', 0)
 end
 return {state, left('open_until')}
+"""
+)
+
+# The in-flight tables of `stallproof top` (`_publish`): each process's table is a key that
+# expires by itself, so a dead process's calls disappear within its ttl; the index of
+# processes carries the same expiry as scores, on Redis's clock.
+_INFLIGHT_PRELUDE = """
+local P = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local procs = P .. ':inflight:procs'
+"""
+
+#: ARGV: prefix, process id, table (JSON), ttl ms. Returns 1.
+INFLIGHT_PUBLISH = (
+    _INFLIGHT_PRELUDE
+    + """
+local id, ttl = ARGV[2], tonumber(ARGV[4])
+redis.call('SET', P .. ':inflight:p:' .. id, ARGV[3], 'PX', ttl)
+redis.call('ZADD', procs, now + ttl, id)
+redis.call('ZREMRANGEBYSCORE', procs, '-inf', now)
+if redis.call('PTTL', procs) < ttl then redis.call('PEXPIRE', procs, ttl) end
+return 1
+"""
+)
+
+#: ARGV: prefix, most processes. Returns {processes publishing, table, ms left, table,
+#: ms left, ...} for at most that many of them.
+INFLIGHT_READ = (
+    _INFLIGHT_PRELUDE
+    + """
+redis.call('ZREMRANGEBYSCORE', procs, '-inf', now)
+local out = {redis.call('ZCARD', procs)}
+for _, id in ipairs(redis.call('ZRANGE', procs, 0, tonumber(ARGV[2]) - 1)) do
+  local k = P .. ':inflight:p:' .. id
+  local v = redis.call('GET', k)
+  if v then
+    out[#out + 1] = v
+    out[#out + 1] = redis.call('PTTL', k)
+  end
+end
+return out
+"""
+)
+
+#: ARGV: prefix, process id. Returns 1.
+INFLIGHT_REMOVE = (
+    _INFLIGHT_PRELUDE
+    + """
+redis.call('DEL', P .. ':inflight:p:' .. ARGV[2])
+redis.call('ZREM', procs, ARGV[2])
+return 1
 """
 )
