@@ -15,6 +15,7 @@ module           what is in it
 `_network`       `Network`: how the pool opens sockets (DNS on its own limiter, TLS
                  that closes its socket when cancelled)
 `_proxy`         which proxy an origin goes through, and the connection to it
+`_tls`           one SSL context per process (certifi's roots), built on first use
 `_httpx_pool`    `HttpxClientPool`, `TransportPool`: a caller's own httpx/httpx2
                  client (or its transports) as a `Wire`
 ================ ================================================================

@@ -43,6 +43,7 @@ import httpcore2
 from .._config import Limits
 from ._network import Network
 from ._proxy import ProxyRoute, ProxyRoutes, ProxyTypes, proxy_routes
+from ._tls import shared_ssl_context
 
 __all__ = ["Pool", "PoolStats", "open_pool"]
 
@@ -101,7 +102,8 @@ class Pool:
     Args:
         limits: ``max_connections``, ``max_keepalive_connections`` and ``keepalive_expiry``.
         network: the `Network` backend (default: one with its own DNS limiter).
-        ssl_context: for https (default: httpcore2's, with certifi's roots).
+        ssl_context: for https (default: one context per process, certifi's roots:
+            `stallproof._wire._tls`).
         proxies: the `ProxyRoutes` to send through (see `stallproof._wire._proxy.proxy_routes`);
             None: every origin directly.
     """
@@ -115,7 +117,7 @@ class Pool:
         proxies: ProxyRoutes | None = None,
     ) -> None:
         self._max_open = limits.max_connections
-        self._max_idle = min(limits.max_keepalive_connections, limits.max_connections)
+        self._max_idle = min(limits.idle_connections, limits.max_connections)
         self._keepalive_expiry = limits.keepalive_expiry
         self.network = network if network is not None else Network()
         self._ssl_context = ssl_context
@@ -222,17 +224,20 @@ class Pool:
 
     def _new(self, origin: httpcore2.Origin, route: ProxyRoute | None) -> _Conn:
         conn: _Conn
+        ssl_context = self._ssl_context
+        if ssl_context is None and origin.scheme == b"https":
+            ssl_context = shared_ssl_context()  # one per process, not one per connection
         if route is None:
             conn = httpcore2.AsyncHTTPConnection(
                 origin=origin,
-                ssl_context=self._ssl_context,
+                ssl_context=ssl_context,
                 keepalive_expiry=self._keepalive_expiry,
                 network_backend=self.network,
             )
         else:
             conn = route.connection(
                 origin,
-                ssl_context=self._ssl_context,
+                ssl_context=ssl_context,
                 keepalive_expiry=self._keepalive_expiry,
                 network=self.network,
             )
