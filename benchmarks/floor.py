@@ -315,6 +315,32 @@ def server_process() -> Iterator[tuple[str, int]]:
             proc.wait()
 
 
+def _ratios(
+    measurements: list[tuple[str, str, dict[str, Result], str]], names: Sequence[str], kind: str
+) -> str:
+    rows = []
+    for label, unit, results, rounds in measurements:
+        base = getattr(results[BASE], kind)
+        row = [label, f"{statistics.median(base) * 1e6:.0f} us/{unit}"]
+        row += [f"{ratio(getattr(results[n], kind), base):.2f}x" for n in names]
+        rows.append([*row, rounds])
+    return _table(rows, ["measurement", BASE, *names, "rounds"])
+
+
+def first_client() -> str:
+    """What the first `Client()` of a fresh process costs, and its first https context."""
+    code = (
+        "import time, stallproof\n"
+        "from stallproof._wire._tls import shared_ssl_context\n"
+        "t = time.perf_counter(); stallproof.Client(api_key='x', base_url='https://h/v1')\n"
+        "t1 = time.perf_counter(); shared_ssl_context(); t2 = time.perf_counter()\n"
+        "print(f'first Client() {(t1 - t) * 1000:.1f} ms; the process\\'s SSL context "
+        "(first https connection) {(t2 - t1) * 1000:.1f} ms')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return (out.stdout or out.stderr).strip()
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
@@ -389,22 +415,26 @@ async def main(args: argparse.Namespace) -> int:
     print()
     print("CPU of the client process per call (per event for SSE), as a ratio to aiohttp's:")
     print("the median over rounds of each round's ratio; aiohttp's own in microseconds")
-    rows = []
-    for label, unit, results, rounds in measurements:
-        base_cpu = results[BASE].cpu
-        row = [label, f"{statistics.median(base_cpu) * 1e6:.0f} us/{unit}"]
-        row += [f"{ratio(results[n].cpu, base_cpu):.2f}x" for n in names]
-        rows.append([*row, rounds])
-    print(_table(rows, ["measurement", BASE, *names, "rounds"]))
+    print(_ratios(measurements, names, "cpu"))
     print()
     print("wall time per call (per event for SSE), ratio to aiohttp's, median over rounds")
-    rows = []
-    for label, unit, results, rounds in measurements:
-        base_wall = results[BASE].wall
-        row = [label, f"{statistics.median(base_wall) * 1e6:.0f} us/{unit}"]
-        row += [f"{ratio(results[n].wall, base_wall):.2f}x" for n in names]
-        rows.append([*row, rounds])
-    print(_table(rows, ["measurement", BASE, *names, "rounds"]))
+    print(_ratios(measurements, names, "wall"))
+    if "face" in names and "openai" in names:
+        print()
+        print("the face against the stock SDK (CPU, wall): median over rounds")
+        print(
+            _table(
+                [
+                    [label]
+                    + [
+                        f"{ratio(getattr(r['face'], k), getattr(r['openai'], k)):.3f}x"
+                        for k in ("cpu", "wall")
+                    ]
+                    for label, _, r, _ in measurements
+                ],
+                ["measurement", "CPU face/openai", "wall face/openai"],
+            )
+        )
     label, _, results, _ = measurements[-1]
     print()
     print(f"{label}: events per second of client CPU (one core), median over rounds")
@@ -414,6 +444,8 @@ async def main(args: argparse.Namespace) -> int:
             ["client", "events/s/core"],
         )
     )
+    print()
+    print(first_client())
     print(f"\ntotal {time.monotonic() - t0:.1f}s, load average now {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -39,13 +39,18 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 
 import anyio
 import httpcore2
+import sniffio
 
 from .._config import Limits
+from .._exceptions import InvalidRequestError
+from ._h1 import H1Body, H1Connection
 from ._network import Network
 from ._proxy import ProxyRoute, ProxyRoutes, ProxyTypes, proxy_routes
 from ._tls import shared_ssl_context
 
-__all__ = ["Pool", "PoolStats", "open_pool"]
+__all__ = ["CONNECTIONS", "Pool", "PoolStats", "open_pool"]
+
+CONNECTIONS = ("auto", "httpcore2")
 
 # Closing a connection is local (a FIN, a TLS close_notify at most): bounded all the same.
 _CLOSE_BOUND = 5.0
@@ -106,6 +111,10 @@ class Pool:
             `stallproof._wire._tls`).
         proxies: the `ProxyRoutes` to send through (see `stallproof._wire._proxy.proxy_routes`);
             None: every origin directly.
+        connection: what a direct connection is: ``"auto"`` (the default) an `H1Connection`
+            on asyncio (HTTP/1.1 on an asyncio Protocol, llhttp-parsed: `stallproof._wire._h1`)
+            and httpcore2's on trio; ``"httpcore2"`` httpcore2's on both. Proxied
+            origins always use httpcore2's proxy connections.
     """
 
     def __init__(
@@ -115,7 +124,13 @@ class Pool:
         network: Network | None = None,
         ssl_context: ssl.SSLContext | None = None,
         proxies: ProxyRoutes | None = None,
+        connection: str = "auto",
     ) -> None:
+        if connection not in CONNECTIONS:
+            raise InvalidRequestError(
+                f"connection must be one of {', '.join(CONNECTIONS)}, got {connection!r}"
+            )
+        self._connection = connection
         self._max_open = limits.max_connections
         self._max_idle = min(limits.idle_connections, limits.max_connections)
         self._keepalive_expiry = limits.keepalive_expiry
@@ -227,7 +242,14 @@ class Pool:
         ssl_context = self._ssl_context
         if ssl_context is None and origin.scheme == b"https":
             ssl_context = shared_ssl_context()  # one per process, not one per connection
-        if route is None:
+        if route is None and self._fast_wire():
+            conn = H1Connection(
+                origin,
+                ssl_context=ssl_context,
+                keepalive_expiry=self._keepalive_expiry,
+                network=self.network,
+            )
+        elif route is None:
             conn = httpcore2.AsyncHTTPConnection(
                 origin=origin,
                 ssl_context=ssl_context,
@@ -244,6 +266,15 @@ class Pool:
         self._open += 1
         self._busy.add(conn)
         return conn
+
+    def _fast_wire(self) -> bool:
+        """Whether a direct connection is an `H1Connection` (asyncio only)."""
+        if self._connection == "httpcore2":
+            return False
+        try:
+            return sniffio.current_async_library() == "asyncio"
+        except sniffio.AsyncLibraryNotFoundError:  # pragma: no cover - always in a loop
+            return False
 
     def _evict_oldest_idle(self) -> _Conn:
         conn, key = next(iter(self._idle_order.items()))
@@ -368,6 +399,12 @@ class _Body:
         if self._closed:
             return
         self._closed = True
+        stream = self._stream
+        if isinstance(stream, H1Body):
+            # Closing it is local and immediate (no I/O to wait for, nothing to shield).
+            stream.close()
+            await self._wire._checkin(self._conn, self._key)
+            return
         with anyio.CancelScope(shield=True):
             try:
                 aclose = getattr(self._stream, "aclose", None)
