@@ -324,7 +324,7 @@ def _ratios(
         row = [label, f"{statistics.median(base) * 1e6:.0f} us/{unit}"]
         row += [f"{ratio(getattr(results[n], kind), base):.2f}x" for n in names]
         rows.append([*row, rounds])
-    return _table(rows, ["measurement", BASE, *names, "rounds"])
+    return _table(rows, ["measurement", f"{BASE} itself", *names, "rounds"])
 
 
 def first_client() -> str:

@@ -270,12 +270,11 @@ class Call:
         assert self._scope is not None
         if self._scope.cancel_called:
             return  # the bound already fired: keep the name of the one that did
-        if bound is not None and deadline is not None and deadline < self.total_deadline:
+        if bound is None or deadline is None or deadline >= self.total_deadline:
+            bound, deadline = "total", self.total_deadline
+        if self._scope.deadline != deadline:  # (each change is a new timer: skip no-ops)
             self._scope.deadline = deadline
-            self._bound = bound
-        else:
-            self._scope.deadline = self.total_deadline
-            self._bound = "total"
+        self._bound = bound
 
     def start_attempt(self, attempt: int) -> None:
         """Reset what one attempt learns (a retry starts from the pool again)."""

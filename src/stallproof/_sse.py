@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
 
 __all__ = ["LineTooLong", "SSEDecoder", "ServerSentEvent"]
 
@@ -18,7 +17,6 @@ __all__ = ["LineTooLong", "SSEDecoder", "ServerSentEvent"]
 # are blank lines, and blank lines after the first do nothing, so a flood of them costs
 # one match in the C regex engine instead of a Python step per line.
 _EOLS = re.compile(rb"(?:\r\n|\r|\n)+")
-_ONE_EOL = (b"\r", b"\n", b"\r\n")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,8 +49,11 @@ class SSEDecoder:
         self._id: str | None = None
         self.comments = 0
 
-    def feed(self, chunk: bytes) -> Iterator[ServerSentEvent]:
-        """Decode ``chunk`` and yield every event it completes.
+    def feed(self, chunk: bytes) -> list[ServerSentEvent]:
+        """Decode ``chunk`` and return every event it completes.
+
+        The usual line (``data: ...``) and the blank line that ends an event are handled
+        here, without a call per line: this runs for every event of every stream.
 
         Raises:
             LineTooLong: a line, or the data of one event, is longer than ``max_line_bytes``.
@@ -60,32 +61,52 @@ class SSEDecoder:
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._skip_lf = False
+        events: list[ServerSentEvent] = []
         if not chunk:
-            return
+            return events
         start = 0
+        buf = self._buf
+        limit = self._max
         for match in _EOLS.finditer(chunk):
             end = match.start()
-            if self._buf:
-                self._buf += chunk[start:end]
-                line = bytes(self._buf)
-                self._buf.clear()
+            if buf:
+                buf += chunk[start:end]
+                line = bytes(buf)
+                buf.clear()
             else:
                 line = chunk[start:end]
-            event = self._line(line)
-            if event is not None:
-                yield event
-            run = match.group()
-            if run not in _ONE_EOL:
-                event = self._line(b"")  # one or more blank lines
+            if line[:6] == b"data: " and len(line) <= limit:
+                self._data_bytes += len(line)
+                if self._data_bytes > limit:
+                    raise LineTooLong(self._data_bytes)
+                self._data.append(line[6:].decode("utf-8", errors="replace"))
+            else:
+                event = self._line(line)
                 if event is not None:
-                    yield event
+                    events.append(event)
             start = match.end()
+            run = start - end
+            # More than one line ending (bar a lone CRLF): one or more blank lines.
+            if (run > 2 or (run == 2 and chunk[end : end + 2] != b"\r\n")) and (
+                self._data or self._event
+            ):
+                events.append(self._dispatch())
         if start == len(chunk):
             self._skip_lf = chunk[-1:] == b"\r"
-            return
-        if len(self._buf) + len(chunk) - start > self._max:
-            raise LineTooLong(len(self._buf) + len(chunk) - start)
-        self._buf += chunk[start:]
+            return events
+        if len(buf) + len(chunk) - start > limit:
+            raise LineTooLong(len(buf) + len(chunk) - start)
+        buf += chunk[start:]
+        return events
+
+    def _dispatch(self) -> ServerSentEvent:
+        event = ServerSentEvent(
+            data="\n".join(self._data), event=self._event or "message", id=self._id
+        )
+        self._data = []
+        self._data_bytes = 0
+        self._event = ""
+        return event
 
     def _line(self, raw: bytes) -> ServerSentEvent | None:
         if len(raw) > self._max:
@@ -93,13 +114,7 @@ class SSEDecoder:
         if not raw:
             if not self._data and not self._event:
                 return None
-            event = ServerSentEvent(
-                data="\n".join(self._data), event=self._event or "message", id=self._id
-            )
-            self._data = []
-            self._data_bytes = 0
-            self._event = ""
-            return event
+            return self._dispatch()
         if raw[0] == 0x3A:  # ":" comment, the usual keep-alive
             self.comments += 1
             return None

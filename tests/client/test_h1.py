@@ -21,6 +21,7 @@ import pytest
 
 import stallproof
 from stallproof._wire._h1 import MAX_HEAD_BYTES, H1Connection
+from stallproof._wire._messages import new_request, new_response
 from stallproof._wire._pool import Pool, PoolStats
 
 from ..support.rawserver import always, chunked, response
@@ -234,3 +235,28 @@ class KeepAliveServer:
         self._stop.set()
         self._thread.join(timeout=2)
         self.sock.close()
+
+
+def test_messages_are_built_as_httpcore2_builds_them() -> None:
+    # `new_request`/`new_response` set httpcore2's attributes directly: a new attribute in
+    # a later httpcore2 must show up here, not as an AttributeError deep in a call.
+    stream = [b"x"]
+    ext = {"timeout": {}}
+    mine = new_request(b"POST", b"http", b"h", 8, b"/p", [(b"a", b"b")], b"x", ext)
+    theirs = httpcore2.Request(
+        b"POST",
+        httpcore2.URL(scheme=b"http", host=b"h", port=8, target=b"/p"),
+        headers=[(b"a", b"b")],
+        content=b"x",
+        extensions=ext,
+    )
+    assert vars(mine).keys() == vars(theirs).keys()
+    assert vars(mine.url) == vars(theirs.url)
+    assert (mine.method, mine.headers, list(mine.stream)) == (  # type: ignore[arg-type]
+        theirs.method,
+        theirs.headers,
+        list(theirs.stream),  # type: ignore[arg-type]
+    )
+    r1 = new_response(200, [(b"a", b"b")], stream, ext)
+    r2 = httpcore2.Response(200, headers=[(b"a", b"b")], content=stream, extensions=ext)
+    assert vars(r1) == vars(r2)

@@ -15,6 +15,7 @@ module           what is in it
 `_h1`            `H1Connection`: the pool's HTTP/1.1 connection on asyncio (an asyncio
                  Protocol, llhttp-parsed, bounds as loop timers); trio and proxied
                  origins use httpcore2's
+`_messages`      httpcore2's `Request` and `Response` built without re-checking bytes
 `_network`       `Network`: how the pool opens sockets (DNS on its own limiter, TLS
                  that closes its socket when cancelled)
 `_proxy`         which proxy an origin goes through, and the connection to it

@@ -37,6 +37,7 @@ import httpcore2
 import httptools
 from httpcore2._models import ByteStream
 
+from ._messages import new_response
 from ._network import Network, _connect_errors
 
 __all__ = ["MAX_HEAD_BYTES", "H1Connection"]
@@ -183,11 +184,11 @@ class H1Connection(httpcore2.AsyncConnectionInterface, asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             await self._wait(read_timeout)
-        return httpcore2.Response(
-            status=self._status,
-            headers=self._headers,
-            content=H1Body(self, read_timeout, trace, request),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": self._reason},
+        return new_response(
+            self._status,
+            self._headers,
+            H1Body(self, read_timeout, trace, request),
+            {"http_version": b"HTTP/1.1", "reason_phrase": self._reason},
         )
 
     async def _write_stream(

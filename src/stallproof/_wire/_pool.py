@@ -44,6 +44,7 @@ import sniffio
 from .._config import Limits
 from .._exceptions import InvalidRequestError
 from ._h1 import H1Body, H1Connection
+from ._messages import new_response
 from ._network import Network
 from ._proxy import ProxyRoute, ProxyRoutes, ProxyTypes, proxy_routes
 from ._tls import shared_ssl_context
@@ -194,11 +195,8 @@ class Pool:
         if not isinstance(stream, AsyncIterable):  # pragma: no cover - httpcore2 is async
             await self._discard(conn)
             raise httpcore2.LocalProtocolError("the connection gave a sync response stream")
-        return httpcore2.Response(
-            status=response.status,
-            headers=response.headers,
-            content=_Body(stream, self, conn, key),
-            extensions=response.extensions,
+        return new_response(
+            response.status, response.headers, _Body(stream, self, conn, key), response.extensions
         )
 
     async def aclose(self) -> None:
@@ -389,11 +387,20 @@ class _Body:
         self._key = key
         self._closed = False
 
-    def __aiter__(self) -> _Parts:
+    @property
+    def closes_at_once(self) -> bool:
+        """Closing it does no I/O and never suspends (an `H1Connection`'s body): no shield
+        or timer is needed around it."""
+        return isinstance(self._stream, H1Body)
+
+    def __aiter__(self) -> _Parts | H1Body:
         # An iterator object, not an async generator: a body dropped unread (a stream the
         # caller never iterated) is closed by `aclose`, and the GC finds no generator of
         # ours left suspended to warn about.
-        return _Parts(self._stream.__aiter__())
+        stream = self._stream
+        if isinstance(stream, H1Body):
+            return stream  # already such an iterator (one hop less per read)
+        return _Parts(stream.__aiter__())
 
     async def aclose(self) -> None:
         if self._closed:
