@@ -12,7 +12,7 @@ import asyncio
 import re
 import secrets
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -261,6 +261,24 @@ class Call:
             bound, deadline = "total", self.total_deadline
         return _TimeoutScope(self, deadline, bound, translate=True)
 
+    async def read_before(
+        self, read: Callable[[float], Awaitable[bytes | None]], bound: str, deadline: float
+    ) -> bytes | None:
+        """One stream read bounded by a loop timer in the wire instead of a cancel scope:
+        ``read(until)`` (the asyncio wire's ``read_before``) raises `TimeoutError` when
+        ``until`` passes. Total and ``bound``, whichever is first, as `step`; the wire's
+        errors are translated as there; a cancellation from outside passes through."""
+        if deadline >= self.total_deadline:
+            bound, deadline = "total", self.total_deadline
+        try:
+            return await read(deadline)
+        except TimeoutError:
+            raise self.timeout_error(bound) from None
+        except exc.StallproofError:
+            raise
+        except Exception as e:
+            raise self._translate(e)  # noqa: B904 - _translate chains it, or hides it on purpose
+
     def rearm(self, bound: str | None, deadline: float | None = None) -> None:
         """Change the phase bound of the running `bounded` block (None: total alone)."""
         if self._scope is not None:
@@ -341,7 +359,7 @@ class Call:
         """Raise ``e`` as ours (``from e``), or return a refusal that shows no context.
 
         The one boundary for the pool's errors, called from the ``except`` clauses of
-        `bounded` and `step`.
+        `bounded`, `step` and `read_before`.
         """
         t = self.timeouts
         if isinstance(

@@ -10,6 +10,7 @@ does not read, keep-alive reuse, and a read bound that fires as a loop timer.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from collections.abc import AsyncIterator
@@ -260,3 +261,21 @@ def test_messages_are_built_as_httpcore2_builds_them() -> None:
     r1 = new_response(200, [(b"a", b"b")], stream, ext)
     r2 = httpcore2.Response(200, headers=[(b"a", b"b")], content=stream, extensions=ext)
     assert vars(r1) == vars(r2)
+
+
+@asyncio_only
+async def test_a_stream_read_is_bounded_by_a_loop_timer(raw_server: Any) -> None:
+    """`H1Body.read_before(until)`: what is buffered comes back at once; a wait past
+    ``until`` raises `TimeoutError` on time (the engine's idle and first_token bounds of a
+    stream step, with no cancel scope per read); the connection is then not reused."""
+    srv = raw_server(always([response(200, b"", length=False), b"start", 5.0]))
+    pool = Pool(stallproof.Limits())
+    resp = await pool.send(request(srv.url))
+    body = resp.stream.__aiter__()  # type: ignore[union-attr]
+    loop_now = asyncio.get_running_loop().time
+    assert await body.read_before(loop_now() + 5) == b"start"
+    with stopwatch() as t, pytest.raises(TimeoutError):
+        await body.read_before(loop_now() + 0.3)
+    assert 0.3 <= t[0] < 0.3 + MARGIN
+    await resp.aclose()
+    assert pool.stats().nothing_held and pool.stats().idle == 0

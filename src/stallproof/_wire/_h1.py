@@ -227,8 +227,12 @@ class H1Connection(httpcore2.AsyncConnectionInterface, asyncio.Protocol):
 
     # -- reading, for `H1Body` ---------------------------------------------------------------
 
-    async def next_part(self, timeout: float | None) -> bytes | None:
-        """Every body byte buffered so far (waiting for some), None at the end of the body."""
+    async def next_part(self, timeout: float | None, until: float | None = None) -> bytes | None:
+        """Every body byte buffered so far (waiting for some), None at the end of the body.
+
+        Raises `httpcore2.ReadTimeout` after ``timeout`` s without a byte, and the
+        built-in `TimeoutError` if ``until`` (the loop's clock) passes while waiting.
+        """
         while True:
             chunks = self._chunks
             if chunks:
@@ -243,7 +247,7 @@ class H1Connection(httpcore2.AsyncConnectionInterface, asyncio.Protocol):
                 return None
             if self._error is not None:
                 raise self._error
-            await self._wait(timeout)
+            await self._wait(timeout, until=until)
 
     def response_closed(self) -> None:
         """The caller is done with the body: idle again if it was read whole, else closed."""
@@ -263,26 +267,33 @@ class H1Connection(httpcore2.AsyncConnectionInterface, asyncio.Protocol):
         self,
         timeout: float | None,
         error: type[httpcore2.TimeoutException] = httpcore2.ReadTimeout,
+        *,
+        until: float | None = None,
     ) -> None:
         """Wait for the protocol to have news (data, the end, an error, drained buffers).
 
-        A bound is a loop timer that fails the one future waited on; a cancellation
-        (the engine's scope) cancels the future like any other await.
+        A bound is a loop timer that fails the one future waited on (``timeout`` with
+        ``error``, ``until`` with `TimeoutError`, whichever is first); a cancellation (the
+        engine's scope) cancels the future like any other await.
         """
-        waiter = self._loop.create_future()
+        loop = self._loop
+        waiter = loop.create_future()
         self._waiter = waiter
-        if timeout is None:
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-            return
-        timer = self._loop.call_at(self._loop.time() + timeout, _time_out, waiter, error, timeout)
+        timer: asyncio.TimerHandle | None = None
+        if timeout is not None:
+            at = loop.time() + timeout
+            if until is not None and until < at:
+                timer = loop.call_at(until, _passed, waiter)
+            else:
+                timer = loop.call_at(at, _time_out, waiter, error, timeout)
+        elif until is not None:
+            timer = loop.call_at(until, _passed, waiter)
         try:
             await waiter
         finally:
             self._waiter = None
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -485,22 +496,32 @@ class H1Body:
         return self
 
     async def __anext__(self) -> bytes:
+        data = await self.read_before(None)
+        if data is None:
+            raise StopAsyncIteration
+        return data
+
+    async def read_before(self, until: float | None) -> bytes | None:
+        """What `__anext__` returns (None at the end), but `TimeoutError` if ``until`` (the
+        loop's clock) passes first: a caller's bound as a loop timer, not a cancel scope."""
         if not self._started:
             self._started = True
             if self._trace is not None:
                 await self._trace(
                     "http11.receive_response_body.started", {"request": self._request}
                 )
-        data = await self._conn.next_part(self._timeout)
-        if data is None:
-            raise StopAsyncIteration
-        return data
+        return await self._conn.next_part(self._timeout, until)
 
     def close(self) -> None:
         self._conn.response_closed()
 
     async def aclose(self) -> None:
         self._conn.response_closed()
+
+
+def _passed(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 def _time_out(
