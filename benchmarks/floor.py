@@ -16,8 +16,12 @@ an order that rotates every round):
 1. ``non-stream``: sequential calls;
 2. ``stream``: sequential streamed calls of 16 content chunks, every chunk consumed;
 3. ``64 concurrent``: 64 tasks sharing one client, half the calls streamed;
-4. ``SSE``: ``--streams`` concurrent streams of ``--events`` content chunks each: events
-   per second of the client process's CPU (one core's worth of events).
+4. ``SSE``: ``--streams`` concurrent streams of ``--events`` content chunks each, sent as
+   fast as the server can: events per second of the client process's CPU (one core's
+   worth of events). The client is the slower side, so many events arrive per read.
+5. ``SSE paced``: ``--paced-streams`` streams at once, each event ``--interval`` ms after
+   the one before (a model's pace): each event arrives in a read of its own, so this one
+   counts what a read costs as well as what an event does.
 
 The number compared is the client process's CPU time per call (``time.process_time``),
 which the machine's other load changes far less than latency; wall time per call is
@@ -364,6 +368,7 @@ async def main(args: argparse.Namespace) -> int:
         )
         base16 = root.replace("/v1", "/n/16/v1")
         base_sse = root.replace("/v1", f"/n/{args.events}/v1")
+        base_paced = root.replace("/v1", f"/n/{args.paced_events}/i/{args.interval}/v1")
         clients = Clients(names)
         path = "/chat/completions"
         try:
@@ -371,7 +376,7 @@ async def main(args: argparse.Namespace) -> int:
                 for i in range(args.warmup):
                     await clients.get(name, base16).call(i % 2 == 1, base16 + path)
                 await clients.get(name, base_sse).call(True, base_sse + path)
-            share = args.budget / 4
+            share = args.budget / 5
             measurements: list[tuple[str, str, dict[str, Result], str]] = []
             seq = args.calls // args.rounds
             for label, base, block, per_round, unit in (
@@ -395,6 +400,14 @@ async def main(args: argparse.Namespace) -> int:
                     base_sse,
                     many_streams(args.streams),
                     args.streams,
+                    "event",
+                ),
+                (
+                    f"SSE paced, {args.paced_streams} streams x {args.paced_events} events "
+                    f"{args.interval} ms apart",
+                    base_paced,
+                    many_streams(args.paced_streams),
+                    args.paced_streams,
                     "event",
                 ),
             ):
@@ -435,13 +448,16 @@ async def main(args: argparse.Namespace) -> int:
                 ["measurement", "CPU face/openai", "wall face/openai"],
             )
         )
-    label, _, results, _ = measurements[-1]
     print()
-    print(f"{label}: events per second of client CPU (one core), median over rounds")
+    print("SSE events per second of client CPU (one core), median over rounds")
+    sse = [m for m in measurements if m[1] == "event"]
     print(
         _table(
-            [[n, f"{1 / statistics.median(results[n].cpu):,.0f}"] for n in names],
-            ["client", "events/s/core"],
+            [
+                [n] + [f"{1 / statistics.median(r[n].cpu):,.0f}" for _, _, r, _ in sse]
+                for n in names
+            ],
+            ["client"] + [label for label, _, _, _ in sse],
         )
     )
     print()
@@ -457,7 +473,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=20, help="warm-up calls per client")
     p.add_argument("--streams", type=int, default=64, help="concurrent streams for SSE")
     p.add_argument("--events", type=int, default=256, help="content events per SSE stream")
-    p.add_argument("--budget", type=float, default=120, help="seconds, a soft cap on the run")
+    p.add_argument("--paced-streams", type=int, default=128, help="streams at once, paced SSE")
+    p.add_argument("--paced-events", type=int, default=64, help="events per paced stream")
+    p.add_argument("--interval", type=int, default=20, help="ms between paced events")
+    p.add_argument("--budget", type=float, default=150, help="seconds, a soft cap on the run")
     p.add_argument("--only", type=lambda s: s.split(","), help="clients, comma-separated")
     args = p.parse_args(argv)
     if args.calls < args.rounds or args.rounds < 1:

@@ -8,7 +8,9 @@ the body asks for ``"stream": true``, an event stream (chunked) of N content chu
 final chunk and ``data: [DONE]``. N is 16 unless the path starts ``/n/<N>/``.
 
 Events are written one per loop iteration (a ``call_soon`` chain), as a model's tokens
-arrive one by one, so a client reads them in small pieces rather than in one buffer.
+arrive one by one, so a client reads them in small pieces rather than in one buffer; with
+``/n/<N>/i/<ms>/`` one every ``ms`` milliseconds, as a model paces its tokens (each then
+arrives in a read of its own).
 
     python benchmarks/floor_server.py     # prints http://127.0.0.1:<port>/v1, serves until killed
 """
@@ -25,6 +27,7 @@ _HEAD_END = b"\r\n\r\n"
 _LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.IGNORECASE)
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
 _N = re.compile(rb"^[A-Z]+ /n/(\d+)/")
+_INTERVAL = re.compile(rb"^[A-Z]+ /n/\d+/i/(\d+)/")
 _MAX_EVENTS = 100_000
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
@@ -85,6 +88,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.busy = False
+        self.interval = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -116,6 +120,8 @@ class _Conn(asyncio.Protocol):
             return
         n = _N.match(head)
         events = min(int(n.group(1)), _MAX_EVENTS) if n else 16
+        paced = _INTERVAL.match(head)
+        self.interval = int(paced.group(1)) / 1000 if paced else 0.0
         self.busy = True
         self.transport.write(_STREAM_HEAD + _FIRST)
         self.loop.call_soon(self._event, 0, events)
@@ -125,7 +131,10 @@ class _Conn(asyncio.Protocol):
             return
         if i < events:
             self.transport.write(_WORDS[i % len(_WORDS)])
-            self.loop.call_soon(self._event, i + 1, events)
+            if self.interval:
+                self.loop.call_later(self.interval, self._event, i + 1, events)
+            else:
+                self.loop.call_soon(self._event, i + 1, events)
             return
         self.transport.write(_LAST + _DONE)
         self.busy = False

@@ -23,7 +23,7 @@ import pytest
 import stallproof
 from stallproof._wire._h1 import MAX_HEAD_BYTES, H1Connection
 from stallproof._wire._messages import new_request, new_response
-from stallproof._wire._pool import Pool, PoolStats
+from stallproof._wire._pool import Pool, PoolStats, open_pool
 
 from ..support.rawserver import always, chunked, response
 from ..support.timing import MARGIN, stopwatch
@@ -279,3 +279,20 @@ async def test_a_stream_read_is_bounded_by_a_loop_timer(raw_server: Any) -> None
     assert 0.3 <= t[0] < 0.3 + MARGIN
     await resp.aclose()
     assert pool.stats().nothing_held and pool.stats().idle == 0
+
+
+@asyncio_only
+async def test_the_environment_can_take_the_asyncio_wire_back(
+    raw_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    srv = raw_server(always(response(200, OK)))
+    origin = httpcore2.Origin(b"http", b"127.0.0.1", srv.port)
+    for value, fast in (("httpcore2", False), ("", True), ("auto", True)):
+        monkeypatch.setenv("STALLPROOF_CONNECTION", value)
+        pool = open_pool(stallproof.Limits(), trust_env=False)
+        conn = pool._new(origin, None)
+        assert isinstance(conn, H1Connection) is fast
+        await conn.aclose()
+    monkeypatch.setenv("STALLPROOF_CONNECTION", "h3")
+    with pytest.raises(stallproof.InvalidRequestError, match="STALLPROOF_CONNECTION must be"):
+        stallproof.Client(api_key="x", base_url=srv.url)

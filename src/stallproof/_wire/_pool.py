@@ -34,6 +34,7 @@ slot nobody holds.
 from __future__ import annotations
 
 import dataclasses
+import os
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 
@@ -454,5 +455,15 @@ async def _close(conns: list[_Conn]) -> None:
 
 def open_pool(limits: Limits, *, trust_env: bool = True, proxy: ProxyTypes | None = None) -> Pool:
     """The engine's default pool: through ``proxy`` if given, else (with ``trust_env``)
-    through the proxies the environment names, as httpx would (see `stallproof._wire._proxy`)."""
-    return Pool(limits, proxies=proxy_routes(proxy, trust_env=trust_env))
+    through the proxies the environment names, as httpx would (see `stallproof._wire._proxy`).
+
+    ``STALLPROOF_CONNECTION=httpcore2`` in the environment (read when the client is built)
+    makes its direct connections httpcore2's on asyncio too: the way back from the asyncio
+    wire (`stallproof._wire._h1`) without a code change, should it ever be needed.
+    """
+    connection = os.environ.get("STALLPROOF_CONNECTION", "auto").strip().lower() or "auto"
+    if connection not in CONNECTIONS:
+        raise InvalidRequestError(
+            f"STALLPROOF_CONNECTION must be one of {', '.join(CONNECTIONS)}, got {connection!r}"
+        )
+    return Pool(limits, proxies=proxy_routes(proxy, trust_env=trust_env), connection=connection)
