@@ -194,14 +194,18 @@ def make(name: str, base: str) -> Bench:
         return AiohttpBench()
     if name == "openai":
         # openai's own default limits keep 100 idle connections (1,000 at most).
-        return SDKBench(openai.AsyncOpenAI(base_url=base, api_key="bench", max_retries=0))
+        return SDKBench(
+            openai.AsyncOpenAI(base_url=base, api_key="bench", max_retries=0, timeout=120)
+        )
     if name == "stallproof":
         return SDKBench(
-            stallproof.Client(base_url=base, api_key="bench", timeout=30, limits=limits)
+            stallproof.Client(base_url=base, api_key="bench", timeout=120, limits=limits)
         )
     if name == "face":
         return SDKBench(
-            stallproof.openai.AsyncOpenAI(base_url=base, api_key="bench", limits=limits)
+            stallproof.openai.AsyncOpenAI(
+                base_url=base, api_key="bench", limits=limits, timeout=120
+            )
         )
     raise ValueError(name)
 

@@ -9,6 +9,7 @@ its calls, and turns it off, so imports and warm-up are not counted. The server
 the clients make the same number of sends per call, and their reads differ little.
 
     python benchmarks/floor_callgrind.py [--calls 40] [--only aiohttp,stallproof]
+        [--measure non-stream,stream,"64 concurrent"]
 
 About 30 s per client and measurement on 2 cores (valgrind runs Python ~50x slower).
 """
@@ -91,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
             f"server: floor_server.py, child process {pid}; load average {os.getloadavg()[0]:.1f}"
         )
         rows = []
-        for measurement in MEASUREMENTS:
+        for measurement in args.measure:
             calls = args.calls * 4 if measurement == "64 concurrent" else args.calls
             per_call = {name: count(name, measurement, calls, base) for name in names}
             floor_count = per_call[floor.BASE]
@@ -110,6 +111,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--calls", type=int, default=40, help="calls counted (x4 concurrent)")
     p.add_argument("--only", type=lambda s: s.split(","), help="clients, comma-separated")
+    p.add_argument(
+        "--measure", type=lambda s: s.split(","), default=list(MEASUREMENTS), help="which"
+    )
     return p.parse_args(argv)
 
 

@@ -184,7 +184,8 @@ def _chat_chunk(obj: dict[str, Any], outcome: Outcome) -> bool:
     if usage:
         outcome.note_usage(usage)
         content = True
-    for choice in _list(obj.get("choices")):
+    choices = obj.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
         if not isinstance(choice, dict):
             continue
         reason = choice.get("finish_reason")
