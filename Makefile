@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 FW_VENV := .venv-frameworks
 FW_STAMP := $(FW_VENV)/.installed
 
-.PHONY: demo test test-quick test-stress test-frameworks lint typecheck bench clean
+.PHONY: demo test test-quick test-stress test-frameworks lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -57,6 +57,16 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,docs]'
+	touch $(DOCS_STAMP)
+
+## The documentation site from docs/, API reference from the docstrings, into build/site.
+## Strict: a broken docstring or a page missing from the nav fails the build.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --quiet -f scripts/mkdocs.yml
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

@@ -17,11 +17,12 @@ import statistics
 import time
 
 import anyio
+from openai.types.chat import ChatCompletionMessageParam
 
 import fault_server
 import stallproof
 
-MSGS = [{"role": "user", "content": "hello"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 async def measure(base_url: str, calls: int) -> tuple[list[float], list[float]]:

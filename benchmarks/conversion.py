@@ -14,6 +14,7 @@ Each timing is the best of 5 repeats of a loop bounded in count and time.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import sys
 import time
@@ -106,12 +107,12 @@ def main() -> None:
     header += f" {'old models':>11}" if old else ""
     print(header + "   (µs per object; stallproof validates, the SDK does not)")
     for name, (cls, data) in SHAPES.items():
-        ours = per_call(lambda c=cls, d=data: to_result(c, d), args.seconds)
-        sdk = per_call(lambda c=cls, d=data: construct_type(type_=c, value=d), args.seconds)
+        ours = per_call(functools.partial(to_result, cls, data), args.seconds)
+        sdk = per_call(functools.partial(construct_type, type_=cls, value=data), args.seconds)
         row = f"{name:<26} {ours * 1e6:>11.2f} {sdk * 1e6:>11.2f}"
         if old is not None:
             before = getattr(old, cls.__name__)
-            prior = per_call(lambda b=before, d=data: b.from_dict(d), args.seconds)
+            prior = per_call(functools.partial(before.from_dict, data), args.seconds)
             row += f" {prior * 1e6:>11.2f}"
         print(row)
 

@@ -14,10 +14,18 @@ client, on raw sockets so that the client costs as little as possible:
    the latency of healthy requests while they are held. Then the sockets close and it
    reports how long the server takes to let every one go.
 
+3. **against a raw asyncio server**: the same closed loop (one keep-alive connection,
+   requests back to back) on the fault server and on a bare ``asyncio.start_server`` that
+   reads a head and a body and answers a fixed JSON of the same size: requests/s, and the
+   server's CPU per request (its utime + stime from ``/proc``).
+4. **connect burst**: ``--burst`` non-blocking connects at once (default 8,000) on each
+   server; how many took a second or more (a SYN the kernel dropped, retransmitted).
+
 Every loop is bounded in count and in time (``--budget`` seconds for the stall phase).
 Loopback only.
 
     python benchmarks/fault_server_bench.py [--stalls 10000] [--seconds 4] [--workers 16]
+        [--burst 8000]
 """
 
 from __future__ import annotations
@@ -63,14 +71,50 @@ def http_request(path: str, body: bytes | None = None) -> bytes:
 
 # -- the server process -------------------------------------------------------------------
 
+# The floor: asyncio streams, a head and a body read, a fixed answer written. No HTTP
+# parsing beyond Content-Length, no journal, no faults.
+RAW_SERVER = """
+import asyncio, sys
+
+ANSWER = b"x" * int(sys.argv[1])
+HEAD = b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\ncontent-length: %d\\r\\n\\r\\n"
+
+async def serve(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\\r\\n\\r\\n")
+            length = 0
+            for line in head.split(b"\\r\\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            await reader.readexactly(length)
+            writer.write(HEAD % len(ANSWER) + ANSWER)
+            await writer.drain()
+    except Exception:
+        pass
+    writer.close()
+
+async def main():
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, backlog=4096)
+    print("http://127.0.0.1:%d/v1" % server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+asyncio.run(main())
+"""
+
 
 @contextlib.contextmanager
-def server_process(max_hold: float) -> Iterator[tuple[str, int, int]]:
-    """(host, port, pid) of a fault server in a child process."""
+def server_process(max_hold: float, raw_size: int | None = None) -> Iterator[tuple[str, int, int]]:
+    """(host, port, pid) of a fault server in a child process; with ``raw_size``, of the
+    raw asyncio server answering that many bytes instead."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
+    command = [sys.executable, "-m", "fault_server", "--port", "0", "--max-hold", str(max_hold)]
+    if raw_size is not None:
+        command = [sys.executable, "-c", RAW_SERVER, str(raw_size)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fault_server", "--port", "0", "--max-hold", str(max_hold)],
+        command,
         env=env,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -90,8 +134,52 @@ def server_process(max_hold: float) -> Iterator[tuple[str, int, int]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """The user + system CPU time a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def closed_loop(host: str, port: int, pid: int, raw: bytes, seconds: float) -> tuple[float, float]:
+    """(requests/s, server CPU microseconds per request) of one connection, back to back."""
+    before = cpu_seconds(pid)
+    rate, latencies = asyncio.run(throughput(host, port, raw, 1, seconds))
+    return rate, (cpu_seconds(pid) - before) * 1e6 / max(1, len(latencies))
+
+
+def burst(host: str, port: int, n: int, budget: float = 30.0) -> tuple[int, int]:
+    """(connects that took a SYN retransmit, i.e. >= 1 s; connects completed) of ``n``
+    simultaneous non-blocking connects."""
+    socks: list[socket.socket] = []
+    started: dict[int, float] = {}
+    slow = done = 0
+    poller = select.epoll()
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            sock.setblocking(False)
+            socks.append(sock)
+            started[sock.fileno()] = time.monotonic()
+            if sock.connect_ex((host, port)) == 0:
+                done += 1
+            else:
+                poller.register(sock.fileno(), select.EPOLLOUT)
+        deadline = time.monotonic() + budget
+        while done < n and time.monotonic() < deadline:
+            for fd, _ in poller.poll(0.1):
+                poller.unregister(fd)
+                done += 1
+                slow += time.monotonic() - started[fd] >= 1.0
+    finally:
+        poller.close()
+        for sock in socks:
+            sock.close()
+    return slow, done
 
 
 def rss_mib(pid: int) -> float:
@@ -233,6 +321,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="per throughput run")
     parser.add_argument("--workers", type=int, default=16, help="concurrent connections")
     parser.add_argument("--budget", type=float, default=90.0, help="cap on the stall phase")
+    parser.add_argument("--burst", type=int, default=8000, help="simultaneous connects")
     args = parser.parse_args()
     limit = raise_fd_limit()
     if args.stalls + 100 > limit:
@@ -242,6 +331,7 @@ def main() -> int:
         f"fault_server bench: Python {platform.python_version()}, {os.cpu_count()} CPUs, "
         f"server in its own process, client on raw sockets, RLIMIT_NOFILE {limit}"
     )
+    compare_with_raw(args.seconds, args.burst)
     with server_process(max_hold=args.budget + 60) as (host, port, pid):
         time.sleep(0.2)
         idle_rss = rss_mib(pid)
@@ -297,6 +387,41 @@ def main() -> int:
         print(f"  closed by the client in:   {closed:.1f} s; all released by the server: {shown}")
         print(f"  server RSS after:          {rss_mib(pid):.1f} MiB")
     return 0
+
+
+def compare_with_raw(seconds: float, connects: int) -> None:
+    """The closed loop and the connect burst on the fault server and a raw asyncio one."""
+    raw = http_request("/v1/chat/completions", BODY)
+    print(f"\nclosed loop (1 connection, {seconds:g} s) and a burst of {connects} connects")
+    print(f"{'server':<24} {'req/s':>8} {'CPU us/req':>11} {'connects >= 1 s':>16}")
+    results = {}
+    with server_process(max_hold=30) as (host, port, pid):
+        size = len(asyncio.run(answer_of(host, port, raw)))
+        results["fault_server"] = (
+            *closed_loop(host, port, pid, raw, seconds),
+            burst(host, port, connects),
+        )
+    with server_process(max_hold=30, raw_size=size) as (host, port, pid):
+        results["raw asyncio server"] = (
+            *closed_loop(host, port, pid, raw, seconds),
+            burst(host, port, connects),
+        )
+    for name, (rate, cpu, (slow, done)) in results.items():
+        print(f"{name:<24} {rate:>8.0f} {cpu:>11.0f} {slow:>9} of {done}")
+    ratio = results["fault_server"][0] / results["raw asyncio server"][0]
+    print(f"fault_server / raw: {ratio:.2f}x the requests/s")
+
+
+async def answer_of(host: str, port: int, raw: bytes) -> bytes:
+    """The body of the fault server's answer to ``raw``."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(raw)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        return await reader.readexactly(length)
+    finally:
+        writer.close()
 
 
 if __name__ == "__main__":

@@ -179,7 +179,9 @@ async def worker(job: dict[str, Any]) -> None:
         await asyncio.gather(*(loop() for _ in range(8)))
     finally:
         await client.aclose()
-    print(json.dumps({**counts, "shared": client.pacer_state().shared}))
+    state = client.pacer_state()
+    assert state is not None  # the client was built with a pacer
+    print(json.dumps({**counts, "shared": state.shared}))
 
 
 def accuracy(url: str, workers: int, rpm: int, seconds: float) -> None:

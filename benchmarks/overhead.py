@@ -52,7 +52,7 @@ import stallproof
 
 CLIENTS = ("stallproof", "httpx", "openai")
 MODEL = "fault-model"
-MESSAGES: list[dict[str, Any]] = [
+MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You are a benchmark."},
     {"role": "user", "content": "measure the overhead of every client on this healthy server"},
 ]
@@ -124,10 +124,7 @@ class HttpxBench:
 class OpenAIBench:
     def __init__(self, url: str) -> None:
         self.client = openai.AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=30)
-        self.messages: list[ChatCompletionMessageParam] = [
-            {"role": "system", "content": MESSAGES[0]["content"]},
-            {"role": "user", "content": MESSAGES[1]["content"]},
-        ]
+        self.messages: list[ChatCompletionMessageParam] = list(MESSAGES)
 
     async def call(self, stream: bool) -> str:
         create = self.client.chat.completions.create

@@ -87,7 +87,11 @@ async def measure(args: argparse.Namespace, url: str) -> list[Result]:
             cpu: dict[str, list[float]] = {name: [] for name in CLIENTS}
 
             async def run(
-                b: Bench, n: int, s: Sample, stream: bool = stream, cpu: dict = cpu
+                b: Bench,
+                n: int,
+                s: Sample,
+                stream: bool = stream,
+                cpu: dict[str, list[float]] = cpu,
             ) -> None:
                 # The server runs in another process: this is the client's CPU alone.
                 c0 = time.process_time()

@@ -10,6 +10,9 @@ and judges the client from it (`FaultServer.verdict`). With ``upstream=`` it is 
 injects the same faults into a real server's answers, and can record them for ``replay=``.
 Besides OpenAI chat completions it speaks Anthropic Messages, the OpenAI Responses API,
 embeddings and the model list; with ``tls=True`` it serves all of it over TLS as well.
+Fixtures (`FaultServer.fixture`, ``fixtures=FILE``) script whole conversations: canned
+replies and tool calls for the requests that match; ``GET /metrics`` shows the requests in
+flight to Prometheus, under vLLM's and SGLang's names too.
 
 Example:
     >>> from fault_server import FaultServer
@@ -42,7 +45,10 @@ module                      what is in it
 **the answers**
 `_answer`                   the healthy answer a fault delivers: `Whole` or `Frames`
 `_formats`                  the APIs served, by path: `_openai`, `_anthropic`, `_responses`
-`_structured`               the JSON content answering a structured-output request
+`_structured`               the JSON content answering a structured-output request, and
+                            a tool call's arguments from the tool's schema
+`_tools`                    which tool an answer calls, as each API offers and chooses
+`_fixtures`                 canned replies, tool calls and faults for matching requests
 **proxy mode**
 `_proxy`                    ``upstream=``: a real server's answers, faults injected
 `_proxy_recording`          ``record=``: the exchanges with the upstream, to a file
@@ -60,16 +66,19 @@ module                      what is in it
 `_control_surface`          `ServerControls`: the methods both share (scenarios, mix,
                             stats, journal, verdicts, URLs)
 `_scope`                    `FaultScope`: one test's view through its key
-`_control_api`              the ``/_fault/`` HTTP control API; `_control_guard` guards it
+`_control_api`              the ``/_fault/`` HTTP control API; `_control_guard` guards it,
+                            `_control_worker` runs it in a thread off the loop
 `_state`                    what every connection shares; `_scenarios`, `_mix`, `_stats`,
                             `_journal`, `_bounded` are its parts
 `_verdict`                  `Verdict`: how a client behaved, judged from the journal
+`_metrics`                  ``GET /metrics``: requests in flight by phase, for Prometheus
 `_cli`, `pytest_plugin`     ``fault-server`` on the command line; the pytest fixtures
 =========================== ==============================================================
 """
 
 from __future__ import annotations
 
+from ._fixtures import Fixture, FixtureMatch
 from ._journal import ConnectionRecord, RequestRecord
 from ._mix import Mix
 from ._proxy_recording import RecordingError
@@ -97,6 +106,8 @@ __all__ = [
     "FaultServer",
     "FaultSpec",
     "FaultSpecError",
+    "Fixture",
+    "FixtureMatch",
     "GENERIC_PARAMS",
     "KeyStats",
     "Match",

@@ -24,9 +24,12 @@ from ._openai import (
     json_bytes,
     load_object,
     pieces_of,
+    read_tool,
     sse_event,
     text_of,
 )
+from ._structured import json_answer
+from ._tools import messages_tool, offered
 
 __all__ = ["PING", "error_event", "message", "message_error", "message_stream", "parse_messages"]
 
@@ -68,22 +71,44 @@ def parse_messages(body: bytes) -> ChatRequest:
         if message_.get("role") == "user":
             last_user = text
     system = text_of(data.get("system"))
+    output = data.get("output_config")
+    last = messages[-1].get("content") if messages else None
+    tool = read_tool(messages_tool, data)
     return ChatRequest(
         model=model,
         text=last_user,
         prompt_tokens=sum(len(t.split()) for t in (system, *texts)),
         stream=data.get("stream") is True,
-        tool_name=_first_tool(data),
+        tool_name=tool.name if tool else None,
+        tool_schema=tool.schema if tool else None,
+        last_text=_results_and_text(last),
+        tools=offered(messages_tool, data),
         max_tokens=max_tokens,
         api="messages",
+        # structured outputs (messages.parse(output_format=...)): its JSON schema.
+        json_text=json_answer(
+            output.get("format") if isinstance(output, dict) else None, "echo: " + last_user
+        ),
     )
+
+
+def _results_and_text(content: object) -> str:
+    """The text of a message's content, its ``tool_result`` blocks' included."""
+    if not isinstance(content, list):
+        return text_of(content)
+    results = [
+        text_of(block.get("content"))
+        for block in content
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    ]
+    return " ".join(t for t in (*results, text_of(content)) if t)
 
 
 def message(req: ChatRequest, tokens: int) -> Whole:
     """The non-streamed ``message`` answering ``req`` with ``tokens`` tokens."""
     pieces, finish = pieces_of(req, tokens)
-    block = _block(req, "".join(pieces))
-    payload = _message(req, [block], _STOP_REASONS[finish], len(pieces))
+    blocks = [_block(req, "".join(pieces)), *_more_blocks(req)]
+    payload = _message(req, blocks, _STOP_REASONS[finish], len(pieces))
     return Whole(200, json_bytes(payload))
 
 
@@ -99,7 +124,12 @@ def message_stream(req: ChatRequest, tokens: int) -> EventStream:
     ]
     kind = "text_delta" if req.tool_name is None else "input_json_delta"
     events += [_delta(kind, piece) for piece in pieces]
-    events.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    events.append(_block_stop(0))
+    for index, more in enumerate(_more_blocks(req), 1):  # a fixture's further calls.
+        arguments = json.dumps(more["input"])
+        events.append(sse_event("content_block_start", _block_start({**more, "input": {}}, index)))
+        events.append(_delta("input_json_delta", arguments, index))
+        events.append(_block_stop(index))
     events.append(_message_delta(_STOP_REASONS[finish], len(pieces)))
     events.append(sse_event("message_stop", {"type": "message_stop"}))
 
@@ -154,15 +184,32 @@ def _block(req: ChatRequest, text: str) -> dict[str, Any]:
     }
 
 
-def _delta(kind: str, piece: str) -> bytes:
+def _more_blocks(req: ChatRequest) -> list[dict[str, Any]]:
+    """The ``tool_use`` blocks of a fixture's calls after the first."""
+    return [
+        {
+            "type": "tool_use",
+            "id": "toolu_" + secrets.token_hex(12),
+            "name": name,
+            "input": json.loads(arguments),
+        }
+        for name, arguments in req.more_calls
+    ]
+
+
+def _block_stop(index: int) -> bytes:
+    return sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def _delta(kind: str, piece: str, index: int = 0) -> bytes:
     field = "text" if kind == "text_delta" else "partial_json"
     delta = {"type": kind, field: piece}
-    payload = {"type": "content_block_delta", "index": 0, "delta": delta}
+    payload = {"type": "content_block_delta", "index": index, "delta": delta}
     return sse_event("content_block_delta", payload)
 
 
-def _block_start(block: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "content_block_start", "index": 0, "content_block": block}
+def _block_start(block: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    return {"type": "content_block_start", "index": index, "content_block": block}
 
 
 def _message_delta(stop_reason: str, output: int) -> bytes:
@@ -174,17 +221,3 @@ def _message_delta(stop_reason: str, output: int) -> bytes:
             "usage": {"output_tokens": output},
         },
     )
-
-
-def _first_tool(data: dict[str, Any]) -> str | None:
-    tools = data.get("tools")
-    choice = data.get("tool_choice")
-    if not isinstance(tools, list) or not tools:
-        return None
-    if isinstance(choice, dict) and choice.get("type") == "none":
-        return None
-    first = tools[0]
-    name = first.get("name") if isinstance(first, dict) else None
-    if not isinstance(name, str) or not name:
-        raise RequestError("'tools[0].name' must be a non-empty string", "tools")
-    return name

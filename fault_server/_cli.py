@@ -4,7 +4,8 @@
 forwards to a real OpenAI-compatible server and injects the faults into its answers.
 
 The first line of stdout is the ``/v1`` base URL (flushed at once, so a script can read it
-and go), the second the never-accepting listener's URL. Serves until SIGINT or SIGTERM.
+and go), the second the never-accepting listener's URL, then (with ``--tls``) the HTTPS
+URL, and last the refused port's URL. Serves until SIGINT or SIGTERM.
 Holding many connections needs file descriptors: the soft RLIMIT_NOFILE is raised to the
 hard limit at start.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from ._control_api import catalogue
 from ._log_sink import StderrSink
 from ._proxy_recording import RecordingError
-from ._server import MAX_CONNECTIONS, FaultServer
+from ._server import MAX_CONNECTIONS, FaultServer, is_loopback
 
 __all__ = ["MODES", "TOKEN_ENV", "main"]
 
@@ -83,6 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--replay", metavar="FILE", help="serve the answers recorded in FILE (by --record)"
     )
     parser.add_argument(
+        "--replay-speed",
+        type=float,
+        metavar="X",
+        help="with --replay: serve the answers with their recorded timing, X times faster "
+        "(1 as recorded); without it, as fast as the faults take them",
+    )
+    parser.add_argument(
         "--max-connections",
         type=int,
         default=MAX_CONNECTIONS,
@@ -94,6 +101,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"require this token on the /_fault/ control API (default: ${TOKEN_ENV}, which "
         "keeps it out of the process list)",
     )
+    parser.add_argument(
+        "--fixtures",
+        metavar="FILE",
+        help="canned answers for the requests that match (JSON; see docs/fault_control.md)",
+    )
+    parser.add_argument(
+        "--insecure-open-control",
+        action="store_true",
+        help="bind beyond loopback WITHOUT a control token: anyone who can reach the port "
+        "can arm faults and read the journal (refused without this flag)",
+    )
     parser.add_argument("--list", action="store_true", help="print the fault catalogue and exit")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.mode == "proxy" and args.upstream is None:
@@ -101,11 +119,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         print(_format_catalogue())
         return 0
+    open_control = args.control_token is None and not is_loopback(args.host)
+    if open_control and not args.insecure_open_control:
+        parser.error(
+            f"binding {args.host}, which is not loopback, needs --control-token (or "
+            f"${TOKEN_ENV}): without one, anyone who can reach the port can arm faults "
+            "and read the journal; --insecure-open-control accepts that"
+        )
     sink = _log_to_stderr()
-    if not _is_loopback(args.host):
+    if not is_loopback(args.host):
         sink.write(
-            f"fault-server: warning: binding {args.host}, which is not loopback: anyone who can "
+            f"fault-server: WARNING: binding {args.host}, which is not loopback: anyone who can "
             "reach it can hold connections open on this machine"
+            + (
+                ", AND ARM FAULTS, CHANGE THE MIX AND READ THE JOURNAL: the control API has "
+                "no token (--insecure-open-control)"
+                if open_control
+                else "; the control API needs the token"
+            )
         )
     try:
         server = FaultServer(
@@ -118,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             replay=args.replay,
             max_connections=args.max_connections,
             control_token=args.control_token,
+            fixtures=args.fixtures,
+            insecure_open_control=args.insecure_open_control,
+            replay_speed=args.replay_speed,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -163,6 +197,7 @@ async def _serve(server: FaultServer, sink: StderrSink, tls: bool = False) -> No
         if tls:
             print(server.tls_url(), flush=True)
             sink.write(f"fault-server: TLS certificate to trust: {server.tls_cert}")
+        print(server.refused_url, flush=True)  # last: the lines before keep their places.
         mode = f"proxying {server.upstream}" if server.upstream else "serving"
         sink.write(f"fault-server: {mode}; Ctrl-C to stop; --list for faults")
         await stop.wait()
@@ -187,15 +222,6 @@ def raise_fd_limit() -> int | None:
     except (OSError, ValueError):
         return None
     return int(soft)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _format_catalogue() -> str:

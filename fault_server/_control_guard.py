@@ -7,11 +7,13 @@ name to 127.0.0.1 and then talk to the server as if same-origin. So, before any 
 
 - ``Origin`` (sent by browsers) must be the server's own origin (``http://`` + ``Host``),
   and ``Sec-Fetch-Site``, when sent, ``same-origin`` or ``none``: else 403.
-- A write (``POST``, ``PUT``, a ``DELETE`` with a body) must name a ``Host`` that is an IP
-  address or ``localhost`` (a rebound DNS name is neither): else 403. Reads are answered
-  whatever the ``Host``: they reveal what the server saw, never a secret.
-- A write must say ``Content-Type: application/json``, which a page cannot send without a
-  preflight this server never approves: else 415.
+- A write (``POST``, ``PUT``, ``DELETE``) must name a ``Host`` that is an IP address or
+  ``localhost`` (a rebound DNS name is neither): else 403. A rebound page is same-origin
+  for its browser, so without this check it could ``DELETE`` the armed scenarios, the mix,
+  the fixtures. Reads are answered whatever the ``Host``: they reveal what the server saw,
+  never a secret.
+- A write with a body must say ``Content-Type: application/json``, which a page cannot send
+  without a preflight this server never approves: else 415.
 - With a token (``--control-token``, ``FaultServer(control_token=...)``), every control
   request must carry it, as ``Authorization: Bearer <token>`` or ``X-Fault-Token``: else 401.
   The token also admits a write whose ``Host`` is a name (a container's service name, say).
@@ -84,14 +86,15 @@ class ControlGuard:
                     code="invalid_control_token",
                 )
             authorised = True
-        write = method in ("POST", "PUT") or (method == "DELETE" and bool(body))
-        if not write:
+        if method not in _WRITES:
             return None
         if not authorised and not _local_host(host):
             return _forbidden(
                 f"a write for Host {host!r}, which is neither an IP address nor localhost "
                 "(a DNS-rebinding guard; start the server with a control token to allow it)"
             )
+        if method == "DELETE" and not body:  # nothing to say Content-Type about.
+            return None
         media = fields.get(b"content-type", "").partition(";")[0].strip().lower()
         if media != "application/json":
             return error(

@@ -8,8 +8,11 @@ state and so the very same methods, and `FaultScope` is written against this cla
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from ._fixtures import Fixture, fixtures_of, load_fixtures
 from ._journal import ConnectionRecord
 from ._mix import Mix
 from ._scenarios import Match, Rule, build_spec
@@ -174,6 +177,92 @@ class ServerControls:
         """The mix in force, if any."""
         return self._state.mix.mix
 
+    # -- fixtures --------------------------------------------------------------------------
+
+    def fixture(
+        self,
+        *,
+        reply: str | None = None,
+        tool_call: Mapping[str, Any] | None = None,
+        tool_calls: Sequence[Mapping[str, Any]] | None = None,
+        fault: str | FaultSpec | None = None,
+        times: int | None = None,
+        fixture_id: str | None = None,
+        model: str | None = None,
+        contains: str | None = None,
+        regex: str | None = None,
+        tools: Sequence[str] = (),
+        headers: Mapping[str, str] | None = None,
+        key: str | None = None,
+        path: str | None = None,
+    ) -> Fixture:
+        """Answer the requests that match with a canned ``reply`` or ``tool_call`` (and/or
+        deliver it with ``fault``), ``times`` times (None: every time).
+
+        Args:
+            reply: the assistant's text.
+            tool_call: ``{"name": ..., "arguments": {...}}``: the answer calls it.
+            tool_calls: several such calls, made at once (parallel tool calls).
+            fault: the fault that delivers the answer.
+            times: how many requests it answers; None for all of them.
+            fixture_id: names it; loading the same id again replaces it.
+            model, contains, regex, tools, headers, key, path: what a request must match
+                (see `FixtureMatch`): ``contains`` and ``regex`` look at the last
+                message's text, whatever its role.
+
+        Raises:
+            FaultSpecError: for a bad field, naming it.
+
+        Example:
+            >>> srv.fixture(contains="weather", tool_call={"name": "get_weather",
+            ...     "arguments": {"city": "Paris"}})  # doctest: +SKIP
+        """
+        match = {
+            "model": model,
+            "contains": contains,
+            "regex": regex,
+            "tools": list(tools) or None,
+            "headers": dict(headers) if headers else None,
+            "key": key,
+            "path": path,
+        }
+        data: dict[str, Any] = {
+            "match": {k: v for k, v in match.items() if v is not None},
+            "reply": reply,
+            "tool_call": None if tool_call is None else dict(tool_call),
+            "tool_calls": None if tool_calls is None else [dict(c) for c in tool_calls],
+            "fault": None if fault is None else str(fault),
+            "times": times,
+        }
+        if fixture_id is not None:
+            data["id"] = fixture_id
+        (made,) = fixtures_of([data], self._state.scenarios.new_id())
+        self._state.fixtures.add([made])
+        (armed,) = (f for f in self._state.fixtures.fixtures() if f.id == made.id)
+        return armed
+
+    def load_fixtures(self, source: str | os.PathLike[str] | Sequence[Any]) -> int:
+        """Add the fixtures of a JSON file (``{"fixtures": [...]}`` or a list), or of that
+        data itself; one whose ``id`` is loaded replaces it. Returns how many.
+
+        Raises:
+            FaultSpecError: a file that cannot be read or a bad fixture: none is added.
+        """
+        if isinstance(source, (str, os.PathLike)):
+            loaded = load_fixtures(source)
+        else:
+            loaded = fixtures_of(list(source), self._state.scenarios.new_id())
+        self._state.fixtures.add(loaded)
+        return len(loaded)
+
+    def fixtures(self) -> tuple[Fixture, ...]:
+        """The loaded fixtures, in order, with their uses left."""
+        return self._state.fixtures.fixtures()
+
+    def clear_fixtures(self, key: str | None = None) -> int:
+        """Unload every fixture, or those matching ``key``; returns how many."""
+        return self._state.fixtures.clear(key)
+
     # -- journal and verdicts ------------------------------------------------------------
 
     def journal(
@@ -209,8 +298,9 @@ class ServerControls:
 
     def forget(self, key: str) -> dict[str, int]:
         """Drop everything the server keeps for ``key``: its journal entries, its counts
-        (its ``first=N`` sequence starts over), its mix draws and its rules. Safe from any
-        thread. Returns how many ``requests``, ``counts``, ``rules`` and ``draws`` went."""
+        (its ``first=N`` sequence starts over), its mix draws, its rules and its fixtures.
+        Safe from any thread. Returns how many ``requests``, ``counts``, ``rules``,
+        ``draws`` and ``fixtures`` went."""
         return self._state.forget(key)
 
     def scope(self, key: str) -> FaultScope:

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from ._answer import Frames, frame_json, is_done
-from ._formats import api_error, keepalive
+from ._formats import api_error, keepalive, malformed_event
 from ._formats import error_event as api_error_event
 from ._json_depth import loads as loads_limited
 from ._openai import DONE, Whole
@@ -166,7 +166,7 @@ async def malformed_json(ex: Exchange) -> Outcome:
         return await ex.send_whole(Whole(200, b'{"id": "x", "choices": ['))
     await ex.send_answer_head(answer)
     await send_frames(ex, answer, answer.prologue)
-    await ex.send_data(b"data: {not json\n\n")
+    await ex.send_data(malformed_event(answer.api))
     if answer.api == "chat":
         await ex.send_data(DONE)
     await ex.send_end()
@@ -189,7 +189,7 @@ async def error_event(ex: Exchange) -> Outcome:
     await ex.send_answer_head(answer)
     await send_frames(ex, answer, answer.prologue + ex.spec.integer("after"))
     if answer.api != "chat":  # their streams always name the error event.
-        await ex.send_data(api_error_event(answer.api, message))
+        await ex.send_data(api_error_event(answer.api, message, answer.count))
     else:
         prefix = b"event: error\n" if ex.spec.get("event") else b""
         await ex.send_data(prefix + b"data: " + failure + b"\n\n")

@@ -48,10 +48,12 @@ __all__ = [
     "is_end",
     "keepalive",
     "lenient_request",
+    "malformed_event",
     "local_stream",
     "local_whole",
     "made_stream",
     "parse_request",
+    "path_error",
     "prologue",
     "route",
 ]
@@ -79,8 +81,17 @@ def route(method: str, path: str) -> Whole | None:
     if wanted is None:
         return error(404, f"unknown path {path!r}; served: {', '.join(ROUTES)}")
     if method != wanted:
-        return error(405, f"{path} takes {wanted}, not {method}")
+        return path_error(path, 405, f"{path} takes {wanted}, not {method}")
     return None
+
+
+def path_error(
+    path: str, status: int, message: str, *, code: str | None = None, param: str | None = None
+) -> Whole:
+    """An error answering a request to ``path``, in the shape its API's clients read:
+    Anthropic's ``{"type": "error", "error": {...}}`` on Messages, else OpenAI's (with
+    ``code`` and ``param``, which Anthropic's shape has no room for)."""
+    return api_error(_APIS.get(path), status, message, code=code, param=param)
 
 
 def parse_request(path: str, body: bytes) -> ChatRequest | None:
@@ -136,20 +147,36 @@ def made_stream(req: ChatRequest, tokens: int) -> EventStream:
     return completion_stream(req, tokens)
 
 
-def api_error(api: Api | None, status: int, message: str) -> Whole:
+def api_error(
+    api: Api | None,
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+) -> Whole:
     """An error response shaped as ``api``'s clients expect it."""
     if api == "messages":
         return _anthropic.message_error(status, message)
-    return error(status, message)
+    return error(status, message, code=code, param=param)
 
 
-def error_event(api: Api | None, message: str) -> bytes:
-    """An error sent as an SSE event mid-stream, as ``api`` sends it."""
+def error_event(api: Api | None, message: str, sequence: int = 0) -> bytes:
+    """An error sent as an SSE event mid-stream, as ``api`` sends it; ``sequence`` is the
+    number of events the stream sent before it (the Responses API numbers its events)."""
     if api == "messages":
         return _anthropic.error_event(message)
     if api == "responses":
-        return _responses.error_event(message)
+        return _responses.error_event(message, sequence)
     return b"event: error\ndata: " + error(500, message).body + b"\n\n"
+
+
+def malformed_event(api: Api | None) -> bytes:
+    """An event whose data is not JSON, named as ``api`` names its events (an Anthropic
+    or Responses client drops an unnamed one unread)."""
+    name = {"messages": b"content_block_delta", "responses": b"response.output_text.delta"}
+    prefix = b"event: " + name[api] + b"\n" if api in name else b""
+    return prefix + b"data: {not json\n\n"
 
 
 def keepalive(api: Api | None) -> bytes:

@@ -8,6 +8,7 @@ or padded to the requested number of tokens, so a test can assert exactly what i
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
 import time
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._json_depth import loads as loads_limited
-from ._structured import json_answer
+from ._structured import json_answer, tool_arguments
+from ._tools import Tool, ToolError, chat_tool, offered
 
 __all__ = [
     "DONE",
@@ -37,6 +39,7 @@ __all__ = [
     "models",
     "parse_chat",
     "pieces_of",
+    "read_tool",
     "sse_event",
     "text_of",
 ]
@@ -143,6 +146,15 @@ class ChatRequest:
     dimensions: int = 0
     base64: bool = False
     json_text: str | None = None  # the answer to a JSON response format (`_structured`)
+    tool_schema: Any = None  # the called tool's parameters schema (`_structured`)
+    # What a fixture (`_fixtures`) matches on: the last message's text, whatever its role
+    # (a tool's result too), and the names of the tools offered.
+    last_text: str = ""
+    tools: tuple[str, ...] = ()
+    # A fixture's canned answer: the reply's text, or the called tool's arguments (JSON).
+    reply: str | None = None
+    tool_arguments: str | None = None
+    more_calls: tuple[tuple[str, str], ...] = ()  # (name, arguments JSON) after the first.
 
 
 def parse_chat(body: bytes) -> ChatRequest:
@@ -169,6 +181,7 @@ def parse_chat(body: bytes) -> ChatRequest:
         if message.get("role") == "user":
             last_user = text
     options = data.get("stream_options")
+    tool = read_tool(chat_tool, data)
     max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 0):
         raise RequestError("'max_tokens' must be a non-negative integer", "max_tokens")
@@ -178,9 +191,12 @@ def parse_chat(body: bytes) -> ChatRequest:
         prompt_tokens=sum(len(t.split()) for t in texts),
         stream=data.get("stream") is True,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
-        tool_name=_first_tool(data),
+        tool_name=tool.name if tool else None,
+        tool_schema=tool.schema if tool else None,
         max_tokens=max_tokens,
         json_text=json_answer(data.get("response_format"), "echo: " + last_user),
+        last_text=texts[-1] if texts else "",
+        tools=offered(chat_tool, data),
     )
 
 
@@ -205,7 +221,10 @@ def completion(req: ChatRequest, tokens: int) -> Whole:
     message: dict[str, Any] = {"role": "assistant", "content": "".join(pieces), "refusal": None}
     if req.tool_name is not None:
         message["content"] = None
-        message["tool_calls"] = [_tool_call(req.tool_name, "".join(pieces))]
+        message["tool_calls"] = [
+            _tool_call(req.tool_name, "".join(pieces)),
+            *(_tool_call(name, arguments) for name, arguments in req.more_calls),
+        ]
     payload = {
         "id": _new_id(),
         "object": "chat.completion",
@@ -236,6 +255,10 @@ def completion_stream(req: ChatRequest, tokens: int) -> EventStream:
         events = [frame({"role": "assistant", "content": None, "tool_calls": [call | _I0]})]
         events += [
             frame({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}) for p in pieces
+        ]
+        events += [  # a fixture's further calls, each whole in one chunk.
+            frame({"tool_calls": [{"index": i, **_tool_call(name, arguments)}]})
+            for i, (name, arguments) in enumerate(req.more_calls, 1)
         ]
     events.append(frame({}, finish))
     if req.include_usage:
@@ -318,14 +341,22 @@ def pieces_of(req: ChatRequest, tokens: int) -> tuple[list[str], str]:
     """The answer's content in ``tokens`` pieces (text words, or the pieces of a tool call's
     arguments JSON) and its finish reason: ``stop``, ``length`` or ``tool_calls``."""
     finish, wanted = "stop", tokens
+    if req.reply is not None:
+        tokens = wanted = len(req.reply.split(" "))
     if req.max_tokens is not None and req.max_tokens < tokens:
         tokens, finish = req.max_tokens, "length"
+    if req.reply is not None:  # a fixture's: word by word, as it was written.
+        said = req.reply.split(" ")
+        pieces = [w if i == 0 else " " + w for i, w in enumerate(said)][:tokens]
+        return pieces, finish if len(pieces) < len(said) else "stop"
+    if req.tool_name is not None and req.tool_arguments is not None:
+        return _split(req.tool_arguments, tokens), "tool_calls"
     words = [w[:_MAX_WORD] for w in ("echo: " + req.text).split()][:tokens]
     real = len(words)
     while len(words) < tokens:
         words.append(_FILLER[(len(words) - real) % len(_FILLER)])
     if req.tool_name is not None:
-        return _split(json.dumps({"text": " ".join(words)}), tokens), "tool_calls"
+        return _split(tool_arguments(req.tool_schema, " ".join(words)), tokens), "tool_calls"
     if req.json_text is not None:
         # The whole document, in as many pieces as the answer has tokens; cut short by
         # max_tokens it is cut short here too (and does not parse, as a real one would not).
@@ -343,16 +374,16 @@ def _tool_call(name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _first_tool(data: dict[str, Any]) -> str | None:
-    tools = data.get("tools")
-    if not isinstance(tools, list) or not tools or data.get("tool_choice") == "none":
-        return None
-    first = tools[0]
-    function = first.get("function") if isinstance(first, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str) or not name:
-        raise RequestError("'tools[0].function.name' must be a non-empty string", "tools")
-    return name
+def read_tool(pick: Callable[[dict[str, Any]], Tool | None], data: dict[str, Any]) -> Tool | None:
+    """The tool ``pick`` chooses among the request's.
+
+    Raises:
+        RequestError: a tool it cannot read.
+    """
+    try:
+        return pick(data)
+    except ToolError as exc:
+        raise RequestError(str(exc), "tools") from None
 
 
 def text_of(content: object) -> str:
@@ -417,4 +448,10 @@ def json_bytes(payload: object) -> bytes:
 
 
 def _new_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
+    return f"chatcmpl-{_ID_PREFIX}{next(_ids):012x}"
+
+
+# Completion ids: random per process, then counted (a urandom per answer was a system call
+# on the hot path).
+_ID_PREFIX = secrets.token_hex(6)
+_ids = itertools.count(1)

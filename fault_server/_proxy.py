@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
@@ -172,6 +173,7 @@ class UpstreamSource:
         request = self._client.build_request(
             self._method, self._url, headers=self._headers, content=body
         )
+        sent = time.monotonic()
         try:
             response = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -183,10 +185,13 @@ class UpstreamSource:
             if k in _PASS or k.startswith(("x-ratelimit-", "anthropic-ratelimit-"))
         )
         content_type = response.headers.get("content-type", "application/json")
+        head = time.monotonic() - sent
         if response.status_code == 200 and content_type.startswith("text/event-stream"):
-            frames = UpstreamFrames(response, response.status_code, passed, self._api or "chat")
+            frames = UpstreamFrames(
+                response, response.status_code, passed, self._api or "chat", sent, head
+            )
             if self._recorder is not None:
-                frames.on_end = partial(self._recorder.stream, self._key(body, stream), frames)
+                frames.on_end = partial(self._record, self._key(body, stream), frames)
             self._frames.append(frames)
             return frames
         try:
@@ -195,8 +200,13 @@ class UpstreamSource:
             return error(502, f"fault_server proxy: reading {self._url} failed: {exc!r}")
         whole = Whole(response.status_code, data, content_type, passed)
         if self._recorder is not None:
-            self._recorder.whole(self._key(body, stream), self._api, whole)
+            timing = {"head": head, "body": time.monotonic() - sent}
+            self._recorder.whole(self._key(body, stream), self._api, whole, timing)
         return whole
+
+    def _record(self, key: str, frames: UpstreamFrames, events: list[bytes]) -> None:
+        if self._recorder is not None:
+            self._recorder.stream(key, frames, events, frames.head, frames.times)
 
     @property
     def _api(self) -> Api | None:
@@ -221,9 +231,15 @@ class UpstreamFrames(Frames):
         status: int,
         headers: tuple[tuple[str, str], ...],
         api: Api = "chat",
+        sent: float | None = None,
+        head: float = 0.0,
     ) -> None:
         super().__init__(status, headers, api)
         self._chunks: AsyncIterator[bytes] = response.aiter_bytes()
+        # When the request went out (monotonic), and each event then came (seconds after).
+        self._sent = time.monotonic() if sent is None else sent
+        self.head = head
+        self.times: list[float] = []
         self._buffer = b""
         self._ended = False
         self._first: dict[str, Any] | None = None
@@ -258,6 +274,7 @@ class UpstreamFrames(Frames):
         frame = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + b"\n\n"
         if self.on_end is not None:
             self._seen.append(frame)
+            self.times.append(time.monotonic() - self._sent)
         if self._first is None:
             data = frame_json(frame)
             if isinstance(data, dict) and "id" in data:

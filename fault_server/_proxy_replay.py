@@ -21,8 +21,8 @@ __all__ = ["Replay", "ReplaySource"]
 class Replay(Upstream):
     """The recorded exchanges of ``path``, served in place of a real upstream."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.recording = Recording(path)
+    def __init__(self, path: str | Path, speed: float | None = None) -> None:
+        self.recording = Recording(path, speed)
         self.url = f"replay:{self.recording.path}"
 
     async def start(self) -> None:
@@ -66,7 +66,7 @@ class ReplaySource:
 
     async def answer(self, stream: bool) -> Whole | Frames:
         key = request_key(self._method, self._path, self._body, stream)
-        return self._recording.answer(key, self._chat)
+        return await self._recording.answer(key, self._chat)
 
     async def aclose(self) -> None:
         pass

@@ -24,10 +24,12 @@ from ._openai import (
     json_bytes,
     load_object,
     pieces_of,
+    read_tool,
     sse_event,
     text_of,
 )
 from ._structured import json_answer
+from ._tools import offered, responses_tool
 
 __all__ = ["error_event", "parse_responses", "response", "response_stream"]
 
@@ -46,7 +48,7 @@ def parse_responses(body: bytes) -> ChatRequest:
     if isinstance(given, str):
         texts, last_user = [given], given
     elif isinstance(given, list) and all(isinstance(item, dict) for item in given):
-        texts = [text_of(item.get("content")) for item in given]
+        texts = [text_of(item.get("content", item.get("output"))) for item in given]
         users = [t for item, t in zip(given, texts, strict=True) if item.get("role") == "user"]
         last_user = users[-1] if users else ""
     else:
@@ -58,12 +60,16 @@ def parse_responses(body: bytes) -> ChatRequest:
         raise RequestError("'max_output_tokens' must be an integer >= 1", "max_output_tokens")
     instructions = text_of(data.get("instructions"))
     text = data.get("text")
+    tool = read_tool(responses_tool, data)
     return ChatRequest(
         model=model,
         text=last_user,
         prompt_tokens=sum(len(t.split()) for t in (instructions, *texts)),
         stream=data.get("stream") is True,
-        tool_name=_first_tool(data),
+        tool_name=tool.name if tool else None,
+        tool_schema=tool.schema if tool else None,
+        last_text=texts[-1] if texts else "",
+        tools=offered(responses_tool, data),
         max_tokens=max_tokens,
         api="responses",
         json_text=json_answer(
@@ -107,16 +113,31 @@ def response_stream(req: ChatRequest, tokens: int) -> EventStream:
             _event(seq, "response.function_call_arguments.delta", **where, delta=p) for p in pieces
         ]
         closing = [_event(seq, "response.function_call_arguments.done", **where, arguments=text)]
-    closing += [
-        _event(seq, "response.output_item.done", output_index=0, item=answer.item(text)),
-        _event(seq, "response.completed", response=answer.response(text)),
-    ]
+    closing.append(_event(seq, "response.output_item.done", output_index=0, item=answer.item(text)))
+    for index, call in enumerate(answer.more, 1):  # a fixture's further calls, each whole.
+        more = {"item_id": call["id"], "output_index": index}
+        arguments = call["arguments"]
+        closing += [
+            _event(
+                seq,
+                "response.output_item.added",
+                output_index=index,
+                item={**call, "status": "in_progress", "arguments": ""},
+            ),
+            _event(seq, "response.function_call_arguments.delta", **more, delta=arguments),
+            _event(seq, "response.function_call_arguments.done", **more, arguments=arguments),
+            _event(seq, "response.output_item.done", output_index=index, item=call),
+        ]
+    closing.append(_event(seq, "response.completed", response=answer.response(text)))
 
     def chunker(delta: dict[str, Any], finish_reason: str | None) -> bytes:
+        # (logprobs: a required list of both events, as the real API sends it.)
         if finish_reason is not None:
-            return _event(seq, "response.output_text.done", **where, **part, text=text)
+            return _event(seq, "response.output_text.done", **where, **part, text=text, logprobs=[])
         content = str(delta.get("content") or "")
-        return _event(seq, "response.output_text.delta", **where, **part, delta=content)
+        return _event(
+            seq, "response.output_text.delta", **where, **part, delta=content, logprobs=[]
+        )
 
     events = (*opening, *deltas, *closing)
     return EventStream(
@@ -124,10 +145,11 @@ def response_stream(req: ChatRequest, tokens: int) -> EventStream:
     )
 
 
-def error_event(message_text: str) -> bytes:
-    """An ``error`` event, as the Responses stream sends one."""
+def error_event(message_text: str, sequence: int) -> bytes:
+    """An ``error`` event, as the Responses stream sends one, numbered ``sequence`` (the
+    events sent before it, numbered from 0)."""
     payload = {"type": "error", "code": "server_error", "message": message_text, "param": None}
-    return sse_event("error", {**payload, "sequence_number": 0})
+    return sse_event("error", {**payload, "sequence_number": sequence})
 
 
 class _Answer:
@@ -141,6 +163,17 @@ class _Answer:
         self.created = int(time.time())
         self.finish = finish
         self.output_tokens = output_tokens
+        self.more = [  # a fixture's calls after the first, complete.
+            {
+                "id": "fc_" + secrets.token_hex(12),
+                "type": "function_call",
+                "status": "completed",
+                "call_id": "call_" + secrets.token_hex(12),
+                "name": name,
+                "arguments": arguments,
+            }
+            for name, arguments in req.more_calls
+        ]
 
     def item(self, text: str | None) -> dict[str, Any]:
         """The output item; ``text`` None while in progress."""
@@ -170,7 +203,8 @@ class _Answer:
         prompt = self.req.prompt_tokens
         usage = {
             "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": 0},
+            # cache_write_tokens: required by openai 3.60's ResponseUsage.
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": self.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + self.output_tokens,
@@ -181,7 +215,7 @@ class _Answer:
             "created_at": self.created,
             "status": status,
             "model": self.req.model,
-            "output": [self.item(text)] if done else [],
+            "output": [self.item(text), *self.more] if done else [],
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": [],
@@ -202,16 +236,3 @@ def _part(text: str) -> dict[str, Any]:
 
 def _event(seq: Iterator[int], kind: str, **fields: Any) -> bytes:
     return sse_event(kind, {"type": kind, **fields, "sequence_number": next(seq)})
-
-
-def _first_tool(data: dict[str, Any]) -> str | None:
-    tools = data.get("tools")
-    if not isinstance(tools, list) or not tools or data.get("tool_choice") == "none":
-        return None
-    functions = [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
-    if not functions:
-        return None
-    name = functions[0].get("name")
-    if not isinstance(name, str) or not name:
-        raise RequestError("a function tool's 'name' must be a non-empty string", "tools")
-    return name

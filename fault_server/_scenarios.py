@@ -16,9 +16,10 @@ the lock, so two concurrent requests never both take a rule's last use.
 from __future__ import annotations
 
 import fnmatch
+import heapq
 import itertools
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -132,10 +133,16 @@ class Rule:
             raise FaultSpecError(f"'times' must be a positive integer or null, got {times!r}")
         if "first" in self.spec.params:
             raise FaultSpecError("a rule counts its uses with 'times', not 'first'")
-        if self.spec.info.scope == "connection" and not self.match.empty:
+        if self.spec.info.scope == "connection" and not _key_only(self.match):
             raise FaultSpecError(
                 f"fault {self.spec.name!r} acts on a connection before any request is read: "
-                "its rule cannot match on key, path, method, stream or model"
+                "its rule can match a key only (then it takes the connection whose first "
+                "request carries that key), not path, method, stream or model"
+            )
+        if self.spec.name == "tls_stall" and self.match.key is not None:
+            raise FaultSpecError(
+                "tls_stall stalls the TLS handshake, before any request can carry a key: "
+                "its rule cannot match one"
             )
         if self.remaining is None and times is not None:
             object.__setattr__(self, "remaining", times - self.used)
@@ -214,21 +221,29 @@ def spec_of(fault: object) -> FaultSpec:
 
 
 class _Live:
-    __slots__ = ("remaining", "rule", "used")
+    __slots__ = ("remaining", "rule", "seq", "used")
 
-    def __init__(self, rule: Rule) -> None:
+    def __init__(self, rule: Rule, seq: int) -> None:
         self.rule = rule
+        self.seq = seq  # its place in the queue: requests take rules in this order.
         self.remaining = rule.times
         self.used = 0
 
 
 class Scenarios:
-    """The ordered rule queue; every method is atomic and safe from any thread."""
+    """The ordered rule queue; every method is atomic and safe from any thread.
+
+    Rules are indexed by the key they match (None: any key), so that a request looks only
+    at the rules of its own key and those of no key: 10,000 rules armed by other tests'
+    scopes cost it nothing.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rules: list[_Live] = []
+        self._by_key: dict[str | None, list[_Live]] = {}
         self._ids = itertools.count(1)
+        self._seqs = itertools.count()
 
     def new_id(self) -> str:
         return f"rule-{next(self._ids)}"
@@ -236,15 +251,24 @@ class Scenarios:
     def add(self, rule: Rule) -> Rule:
         """Arm ``rule`` at the end of the queue, or in place of the rule with its id."""
         with self._lock:
-            live = _Live(rule)
             for i, old in enumerate(self._rules):
                 if old.rule.id == rule.id:
+                    live = _Live(rule, old.seq)
                     self._rules[i] = live
+                    self._reindex()
                     break
             else:
                 self._make_room(1)
+                live = _Live(rule, next(self._seqs))
                 self._rules.append(live)
+                self._by_key.setdefault(rule.match.key, []).append(live)
             return _snapshot(live)
+
+    def _reindex(self) -> None:
+        """Rebuild the index by key (the lock is held)."""
+        self._by_key = {}
+        for live in self._rules:
+            self._by_key.setdefault(live.rule.match.key, []).append(live)
 
     def _make_room(self, n: int) -> None:
         """Drop the oldest exhausted rules until ``n`` more fit under `MAX_RULES` (the
@@ -263,6 +287,7 @@ class Scenarios:
             )
         dropped = set(exhausted)
         self._rules = [r for i, r in enumerate(self._rules) if i not in dropped]
+        self._reindex()
 
     def replace(self, rules: list[Rule], key: str | None = None) -> None:
         """Replace every rule (or, with ``key``, every rule matching that key) at once."""
@@ -276,7 +301,8 @@ class Scenarios:
             except FaultSpecError:
                 self._rules = old
                 raise
-            self._rules += [_Live(rule) for rule in rules]
+            self._rules += [_Live(rule, next(self._seqs)) for rule in rules]
+            self._reindex()
 
     def clear(self, key: str | None = None) -> int:
         """Disarm every rule (or those whose match has ``key``); returns how many."""
@@ -284,15 +310,24 @@ class Scenarios:
             before = len(self._rules)
             if key is None:
                 self._rules = []
+                self._by_key = {}
             else:
                 self._rules = [r for r in self._rules if r.rule.match.key != key]
+                self._by_key.pop(key, None)
             return before - len(self._rules)
 
     def rules(self, key: str | None = None) -> tuple[Rule, ...]:
+        """The rules (of ``key``) with their counts; the lock is held only to copy them."""
         with self._lock:
-            return tuple(
-                _snapshot(r) for r in self._rules if key is None or r.rule.match.key == key
-            )
+            copies = [
+                (r.rule, r.remaining, r.used)
+                for r in self._rules
+                if key is None or r.rule.match.key == key
+            ]
+        return tuple(
+            Rule(rule.id, rule.spec, rule.match, rule.times, remaining, used)
+            for rule, remaining, used in copies
+        )
 
     def needs_body(self, info: RequestInfo) -> bool:
         """Whether a live rule might match ``info`` once its body is read."""
@@ -304,25 +339,48 @@ class Scenarios:
                 and not r.rule.connection_level
                 and r.rule.match.needs_body
                 and r.rule.match.head_matches(info)
-                for r in self._rules
+                for r in self._candidates(info.key)
             )
 
     def take(self, info: RequestInfo) -> Rule | None:
         """The first live request rule that matches ``info``, with one use taken."""
         if not self._rules:
             return None
-        return self._take(lambda rule: not rule.connection_level and rule.match.matches(info))
+        return self._take(
+            info.key, lambda rule: not rule.connection_level and rule.match.matches(info)
+        )
 
-    def take_connection(self, names: Collection[str] = _PLAIN_CONNECTION) -> Rule | None:
+    def take_connection(
+        self, names: Collection[str] = _PLAIN_CONNECTION, key: str | None = None
+    ) -> Rule | None:
         """The first live connection-level rule among ``names`` (by default those of a plain
-        TCP listener: ``slow_accept``, ``refuse``), with one use taken."""
+        TCP listener: ``slow_accept``, ``refuse``), with one use taken: one armed for no key
+        (a connection just accepted), or with ``key`` one armed for that key (the
+        connection's first request carries it)."""
         if not self._rules:  # the common case, without the lock.
             return None
-        return self._take(lambda rule: rule.connection_level and rule.spec.name in names)
+        return self._take(
+            key,
+            lambda rule: (
+                rule.connection_level and rule.spec.name in names and rule.match.key == key
+            ),
+        )
 
-    def _take(self, wanted: Any) -> Rule | None:
+    def _candidates(self, key: str | None) -> Iterable[_Live]:
+        """The rules a request with ``key`` may take, in queue order (the lock is held)."""
+        anyone = self._by_key.get(None, ())
+        if key is None:
+            return anyone
+        own = self._by_key.get(key, ())
+        if not own:
+            return anyone
+        if not anyone:
+            return own
+        return heapq.merge(anyone, own, key=lambda live: live.seq)
+
+    def _take(self, key: str | None, wanted: Any) -> Rule | None:
         with self._lock:
-            for live in self._rules:
+            for live in self._candidates(key):
                 if live.remaining != 0 and wanted(live.rule):
                     if live.remaining is not None:
                         live.remaining -= 1
@@ -334,6 +392,10 @@ class Scenarios:
 def _snapshot(live: _Live) -> Rule:
     rule = live.rule
     return Rule(rule.id, rule.spec, rule.match, rule.times, live.remaining, live.used)
+
+
+def _key_only(match: Match) -> bool:
+    return all(getattr(match, n) is None for n in ("path", "method", "stream", "model"))
 
 
 def _glob(value: str, pattern: str) -> bool:

@@ -10,8 +10,9 @@ forgets it afterwards.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ._fixtures import Fixture
 from ._journal import ConnectionRecord
 from ._mix import Mix
 from ._scenarios import Rule, build_spec
@@ -118,6 +119,16 @@ class FaultScope:
             rule_id=None,
         )
 
+    def fixture(self, **fields: Any) -> Fixture:
+        """Load a fixture that answers only this key's requests (see
+        `FaultServer.fixture`, whose arguments it takes but ``key``)."""
+        if "key" in fields:
+            raise FaultSpecError("a FaultScope sets 'key' itself")
+        return self.server.fixture(**fields, key=self.key)
+
+    def fixtures(self) -> tuple[Fixture, ...]:
+        return tuple(f for f in self.server.fixtures() if f.match.key == self.key)
+
     def scenarios(self) -> tuple[Rule, ...]:
         return self.server.scenarios(self.key)
 
@@ -126,8 +137,9 @@ class FaultScope:
         return self.server.set_mix(weights, seed=seed, key=self.key)
 
     def clear(self) -> None:
-        """Disarm this scope's rules, and the mix if it is this scope's."""
+        """Disarm this scope's rules and fixtures, and the mix if it is this scope's."""
         self.server.clear_scenarios(self.key)
+        self.server.clear_fixtures(self.key)
         mix = self.server.mix
         if mix is not None and mix.key == self.key:
             self.server.clear_mix()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import os
@@ -13,6 +14,7 @@ import anyio
 
 from ._control_guard import ControlGuard
 from ._control_surface import ServerControls
+from ._fixtures import load_fixtures
 from ._proxy import Upstream
 from ._proxy_replay import Replay
 from ._shutdown import collector_paused
@@ -24,13 +26,15 @@ from ._wire_connection import Connection
 from ._wire_refused import RefusedPort
 from ._wire_tls import TLS_SUPPORTED, TlsListener
 
-__all__ = ["FaultServer"]
+__all__ = ["FaultServer", "is_loopback"]
 
 logger = logging.getLogger("fault_server")
 
 _SHUTDOWN = 0.5  # bounds how long aclose() waits for cancelled connections to finish.
 MAX_CONNECTIONS = 20_000  # the default cap on connections served at once.
-_BACKLOG = 4096  # Linux's default somaxconn: bursts of connects are queued, not dropped.
+# Bursts of connects are queued, not dropped: the kernel caps it at net.core.somaxconn
+# (4096 by default on Linux), which an operator can raise.
+_BACKLOG = 65535
 
 
 class FaultServer(ServerControls):
@@ -52,18 +56,27 @@ class FaultServer(ServerControls):
             certificate made at start (`tls_cert`); Python 3.11+.
         record: proxy mode: write each complete exchange with the upstream to this file
             (JSON Lines, emptied at start), for ``replay``.
+        replay_speed: with ``replay``, serve each answer with the timing it was recorded
+            with (its head, each event), this many times faster: 1.0 as recorded, 4.0 four
+            times faster; None (the default): as fast as the fault takes them.
         replay: serve the answers recorded in this file instead of making them up (or
             asking an upstream); faults apply to them as to a live upstream's.
         max_connections: most connections served at once; past it the server stops
             accepting until one closes, and new clients wait in the kernel's backlog.
         control_token: if given, every ``/_fault/`` control request over HTTP must carry it
             (``Authorization: Bearer <token>`` or ``X-Fault-Token``); see `ControlGuard`.
+            Required to bind anything but loopback.
+        fixtures: a JSON file of fixtures (canned answers for the requests that match,
+            see `fault_server._fixtures`), loaded at once.
+        insecure_open_control: bind beyond loopback without a control token: anyone who can
+            reach the port can then arm faults and read the journal. Off by default.
 
     Raises:
         ValueError: for a port outside 0..65535, a max_hold that is not a positive number,
             an upstream that is not an http(s) URL, tls on Python 3.10, record without
-            upstream, replay with upstream, a max_connections below 1, or a control_token
-            that is empty or not printable ASCII.
+            upstream, replay with upstream, a max_connections below 1, a control_token
+            that is empty or not printable ASCII, a host beyond loopback without a control
+            token (unless insecure_open_control), or a bad fixtures file (`FaultSpecError`).
 
     Example:
         >>> async with FaultServer() as srv:  # doctest: +SKIP
@@ -82,9 +95,29 @@ class FaultServer(ServerControls):
         replay: str | os.PathLike[str] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         control_token: str | None = None,
+        fixtures: str | os.PathLike[str] | None = None,
+        insecure_open_control: bool = False,
+        replay_speed: float | None = None,
     ) -> None:
+        if control_token is None and not insecure_open_control and not is_loopback(host):
+            raise ValueError(
+                f"binding {host!r}, which is not loopback, without a control token would let "
+                "anyone who can reach it arm faults and read the journal: give control_token= "
+                "(fault-server --control-token), or insecure_open_control=True "
+                "(--insecure-open-control) to accept that"
+            )
         if record is not None and upstream is None:
             raise ValueError("record= needs upstream=: it records a real server's answers")
+        if replay_speed is not None and (
+            replay is None
+            or isinstance(replay_speed, bool)
+            or not isinstance(replay_speed, (int, float))
+            or not math.isfinite(replay_speed)
+            or replay_speed <= 0
+        ):
+            raise ValueError(
+                f"replay_speed must be a finite number > 0, with replay=; got {replay_speed!r}"
+            )
         if replay is not None and upstream is not None:
             raise ValueError("replay= serves recorded answers: give it or upstream=, not both")
         if tls and not TLS_SUPPORTED:
@@ -110,9 +143,11 @@ class FaultServer(ServerControls):
         self._max_connections = max_connections
         self._state = ServerState(
             self._max_hold,
-            upstream=_upstream(upstream, record, replay),
+            upstream=_upstream(upstream, record, replay, replay_speed),
             guard=ControlGuard(control_token),
         )
+        if fixtures is not None:
+            self._state.fixtures.add(load_fixtures(fixtures))
         self._counters = self._state.counters
         self._server: Acceptor | None = None
         self._address: tuple[str, int] | None = None
@@ -147,7 +182,11 @@ class FaultServer(ServerControls):
             self._refused.open()
             if self._tls:
                 self._tls_listener = TlsListener(
-                    host, self._state.scenarios, self._max_hold, self._on_connect
+                    host,
+                    self._state.scenarios,
+                    self._max_hold,
+                    self._on_connect,
+                    self._state.flights,
                 )
                 await self._tls_listener.open(_BACKLOG, self._max_connections)
         except BaseException:
@@ -176,6 +215,7 @@ class FaultServer(ServerControls):
                 len(pending),
                 _SHUTDOWN,
             )
+        self._state.control.close()
         if self._tls_listener is not None:
             await self._tls_listener.close()
         if self._blackhole is not None:
@@ -291,10 +331,11 @@ def _upstream(
     url: str | None,
     record: str | os.PathLike[str] | None,
     replay: str | os.PathLike[str] | None,
+    speed: float | None = None,
 ) -> Upstream | None:
     """Where answers come from: an upstream (maybe recorded), a replay file, or nowhere."""
     if replay is not None:
-        return Replay(os.fspath(replay))
+        return Replay(os.fspath(replay), None if speed is None else float(speed))
     if url is not None:
         return Upstream(url, None if record is None else os.fspath(record))
     return None
@@ -316,6 +357,17 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``), the only ones the control
+    API is open on without a token."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _peer(peer: object) -> str:

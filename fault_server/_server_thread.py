@@ -28,8 +28,8 @@ class ServerThread(ServerControls):
     """A handle on a `FaultServer` that runs in a daemon thread; same URLs and stats.
 
     Args:
-        host, port, max_hold, upstream, max_connections, control_token: as for
-            `FaultServer`.
+        host, port, max_hold, upstream, max_connections, control_token, fixtures,
+            insecure_open_control, replay_speed: as for `FaultServer`.
 
     Example:
         >>> with fault_server.running() as srv:  # doctest: +SKIP
@@ -48,6 +48,9 @@ class ServerThread(ServerControls):
         replay: str | os.PathLike[str] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         control_token: str | None = None,
+        fixtures: str | os.PathLike[str] | None = None,
+        insecure_open_control: bool = False,
+        replay_speed: float | None = None,
     ) -> None:
         self._server = FaultServer(
             host=host,
@@ -59,6 +62,9 @@ class ServerThread(ServerControls):
             replay=replay,
             max_connections=max_connections,
             control_token=control_token,
+            fixtures=fixtures,
+            insecure_open_control=insecure_open_control,
+            replay_speed=replay_speed,
         )
         self._state = self._server._state  # the same thread-safe state: the same controls.
         self._thread: threading.Thread | None = None
@@ -177,6 +183,9 @@ def running(
     replay: str | os.PathLike[str] | None = None,
     max_connections: int = MAX_CONNECTIONS,
     control_token: str | None = None,
+    fixtures: str | os.PathLike[str] | None = None,
+    insecure_open_control: bool = False,
+    replay_speed: float | None = None,
 ) -> Iterator[ServerThread]:
     """Run a `FaultServer` in a daemon thread for the duration of a ``with`` block.
 
@@ -194,6 +203,9 @@ def running(
         replay=replay,
         max_connections=max_connections,
         control_token=control_token,
+        fixtures=fixtures,
+        insecure_open_control=insecure_open_control,
+        replay_speed=replay_speed,
     )
     thread.start()
     try:

@@ -12,18 +12,33 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Iterator
 
 __all__ = ["collector_paused"]
 
+_lock = threading.Lock()
+_pauses = 0  # blocks inside collector_paused(), from any thread.
+_was_enabled = False  # whether the collector ran before the first of them.
+
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """Disable the cyclic GC inside the block (if it was enabled), re-enable it after."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+    """Disable the cyclic GC inside the block (if it was enabled), re-enable it after.
+
+    Blocks may overlap, from several threads (a shutdown and a control query): the collector
+    runs again when the last one ends, if it ran before the first began.
+    """
+    global _pauses, _was_enabled
+    with _lock:
+        if _pauses == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _pauses += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _lock:
+            _pauses -= 1
+            if _pauses == 0 and _was_enabled:
+                gc.enable()

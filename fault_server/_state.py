@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 
 from ._buckets import Buckets
 from ._control_guard import ControlGuard
+from ._control_worker import ControlWorker
+from ._fixtures import Fixtures
 from ._journal import Journal
+from ._metrics import Flights
 from ._mix import MixState
 from ._proxy import Upstream
 from ._scenarios import Scenarios
@@ -27,6 +30,9 @@ class ServerState:
     upstream: Upstream | None = None
     buckets: Buckets = field(default_factory=Buckets)
     guard: ControlGuard = field(default_factory=ControlGuard)
+    control: ControlWorker = field(default_factory=ControlWorker)
+    flights: Flights = field(default_factory=Flights)
+    fixtures: Fixtures = field(default_factory=Fixtures)
 
     def reset(self) -> None:
         """Zero the counts, restart the sequences and the mix's draws, empty the journal,
@@ -38,10 +44,11 @@ class ServerState:
 
     def forget(self, key: str) -> dict[str, int]:
         """Drop everything kept for ``key``: its journal entries, counts (its ``first=N``
-        sequence), mix draws and rules. Returns how much of each went."""
+        sequence), mix draws, rules and fixtures. Returns how much of each went."""
         return {
             "requests": self.journal.forget(key),
             "counts": int(self.counters.forget(key)),
             "rules": self.scenarios.clear(key),
             "draws": int(self.mix.forget(key)),
+            "fixtures": self.fixtures.clear(key),
         }

@@ -14,6 +14,8 @@ from ._bounded import SeenKeys, touch
 
 __all__ = ["Counters", "KeyStats", "ServerStats"]
 
+_ZERO = (0, 0, 0)
+
 
 @dataclass(frozen=True, slots=True)
 class KeyStats:
@@ -53,8 +55,9 @@ class Counters:
         self._accepted = 0
         self._open = 0
         self._requests = 0
-        # key -> [requests, connections, faulted]; the least recently seen go past MAX_KEYS.
-        self._keys: OrderedDict[str, list[int]] = OrderedDict()
+        # key -> (requests, connections, faulted); the least recently seen go past MAX_KEYS.
+        # Tuples, replaced whole: `keys` copies the references under the lock, not the counts.
+        self._keys: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
         self._epoch = 0  # bumped by reset(), so connections re-count their keys.
 
     def connection_opened(self) -> None:
@@ -76,16 +79,17 @@ class Counters:
         ``seen`` is the connection's own memory of the keys it already counted.
         """
         with self._lock:
-            entry = touch(self._keys, key, [0, 0, 0])
-            entry[0] += 1
+            requests, connections, faulted = touch(self._keys, key, _ZERO)
             if (self._epoch, key) not in seen:
                 seen.add((self._epoch, key))
-                entry[1] += 1
-            return entry[0]
+                connections += 1
+            self._keys[key] = (requests + 1, connections, faulted)
+            return requests + 1
 
     def key_faulted(self, key: str) -> None:
         with self._lock:
-            touch(self._keys, key, [0, 0, 0])[2] += 1
+            requests, connections, faulted = touch(self._keys, key, _ZERO)
+            self._keys[key] = (requests, connections, faulted + 1)
 
     def reset(self) -> None:
         """Zero every count but ``connections_open``, which stays a true gauge."""
@@ -106,8 +110,13 @@ class Counters:
 
     def key(self, key: str) -> KeyStats:
         with self._lock:
-            return KeyStats(*self._keys.get(key, (0, 0, 0)))
+            return KeyStats(*self._keys.get(key, _ZERO))
 
     def keys(self) -> dict[str, KeyStats]:
+        return {k: KeyStats(*v) for k, v in self.counts()}
+
+    def counts(self) -> list[tuple[str, tuple[int, int, int]]]:
+        """Every key's (requests, connections, faulted), least recently seen first; the lock
+        is held only to copy the references (100,000 at most)."""
         with self._lock:
-            return {k: KeyStats(*v) for k, v in self._keys.items()}
+            return list(self._keys.items())

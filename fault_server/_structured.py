@@ -1,5 +1,8 @@
 """Structured outputs: the JSON content that answers a request's ``response_format`` (chat)
-or ``text.format`` (Responses), so an SDK's ``parse()`` gets an object it can validate.
+or ``text.format`` (Responses), and the arguments of a tool call that fit the tool's own
+schema (chat ``function.parameters``, Responses ``parameters``, Anthropic
+``input_schema``), so an SDK's ``parse()`` (with pydantic tools too) gets an object it can
+validate.
 
 The instance is built from the schema the client sent: every property of an object (strict
 schemas require them all), strings carry the echo text, numbers are 0, booleans false,
@@ -14,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["MAX_NODES", "MAX_TEXT", "json_answer"]
+__all__ = ["MAX_NODES", "MAX_TEXT", "json_answer", "tool_arguments"]
 
 MAX_NODES = 1_000  # values built per answer; a self-referring schema stops here
 MAX_TEXT = 256  # characters of the echo text in each string: 1,000 of them stay small
@@ -42,6 +45,21 @@ def json_answer(spec: object, text: str) -> str | None:
     if not isinstance(schema, dict):
         return json.dumps({"text": text})
     return json.dumps(_Builder(schema, text).value(schema, 0))
+
+
+def tool_arguments(schema: object, text: str) -> str:
+    """The JSON arguments of a call to a tool whose parameters are ``schema``: an instance
+    of it, strings holding (at most `MAX_TEXT` characters of) ``text``; ``{"text": text}``
+    for a tool whose schema names no properties (any object fits it)."""
+    if isinstance(schema, dict) and _names_properties(schema):
+        built = _Builder(schema, text[:MAX_TEXT]).value(schema, 0)
+        if isinstance(built, dict):
+            return json.dumps(built)
+    return json.dumps({"text": text})
+
+
+def _names_properties(schema: dict[str, Any]) -> bool:
+    return any(key in schema for key in ("properties", "$ref", "anyOf", "oneOf", "allOf"))
 
 
 class _Builder:

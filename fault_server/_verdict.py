@@ -10,7 +10,7 @@ waited as long as the previous response's Retry-After (or retry-after-ms) advise
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ._journal import ConnectionRecord, RequestRecord, requests_of
@@ -75,9 +75,14 @@ class Verdict:
     requests: tuple[RequestRecord, ...]
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        # by hand: asdict would deep-copy every request first, only to be replaced.
+        out = {name: getattr(self, name) for name in _VERDICT_FIELDS}
+        out["retry_after"] = [asdict(check) for check in self.retry_after]
         out["requests"] = [r.as_dict() for r in self.requests]
         return out
+
+
+_VERDICT_FIELDS = tuple(f.name for f in fields(Verdict))
 
 
 def judge(records: tuple[ConnectionRecord, ...]) -> Verdict:

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
+import sys
 import time
+from collections.abc import AsyncIterator
 
 import anyio
 import h11
@@ -27,11 +30,12 @@ import h11
 from ._answer import LocalSource, UpstreamBroken
 from ._bounded import SeenKeys
 from ._catalogue import BEHAVIOURS, CONNECTION_BEHAVIOURS
-from ._control_api import PREFIX, control
-from ._formats import lenient_request, parse_request, route
+from ._control_api import METRICS, PREFIX
+from ._formats import lenient_request, parse_request, path_error, route
 from ._journal import ConnLog, RequestLog
+from ._metrics import Flight
 from ._openai import ChatRequest, RequestError, Whole, error
-from ._scenarios import RequestInfo
+from ._scenarios import RequestInfo, Rule
 from ._spec import GENERIC_PARAMS, FaultSpec, FaultSpecError, parse_fault
 from ._state import ServerState
 from ._wire_exchange import (
@@ -82,6 +86,7 @@ class Connection:
         self._conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
         self._keys_seen = SeenKeys()
         self._request: h11.Request | None = None
+        self._fields: dict[bytes, bytes] = {}  # the request's headers, first value of each.
         self._current: RequestLog | None = None  # the journal entry of the request being read.
 
     async def serve(self) -> None:
@@ -112,12 +117,17 @@ class Connection:
     async def _accept_slowly(self) -> None:
         """Apply an armed connection-level fault (``slow_accept``, ``refuse``) before any
         request is read; `_Closed` when it refuses the connection."""
-        rule = self._state.scenarios.take_connection()
+        await self._connection_fault(self._state.scenarios.take_connection())
+
+    async def _connection_fault(self, rule: Rule | None) -> None:
+        """Apply ``rule``'s connection-level fault, if any; `_Closed` when it refuses."""
         if rule is None:
             return
         self._log.fault = str(rule.spec)
         behaviour = CONNECTION_BEHAVIOURS[rule.spec.name]
-        if not await behaviour(self._reader, self._writer, rule.spec, self._max_hold):
+        with self._state.flights.holding(rule.spec.name):
+            accepted = await behaviour(self._reader, self._writer, rule.spec, self._max_hold)
+        if not accepted:
             raise _Closed("server", "refused")  # serve() then aborts: an RST.
 
     async def _serve(self) -> bool:
@@ -185,7 +195,7 @@ class Connection:
             if remaining <= 0:
                 raise _Closed("server", "idle" if idle else "hold")
             try:
-                with anyio.fail_after(remaining):
+                async with _read_bound(remaining):
                     data = await self._reader.read(_READ_SIZE)
             except TimeoutError as exc:
                 raise _Closed("server", "idle" if idle else "hold") from exc
@@ -194,38 +204,45 @@ class Connection:
             self._conn.receive_data(data)
 
     def _header(self, name: bytes) -> str | None:
-        if self._request is None:
-            return None
-        for key, value in self._request.headers:
-            if key == name:
-                return value.decode("latin-1").strip()
-        return None
+        """The first value of the request's header ``name`` (lower case), if any."""
+        value = self._fields.get(name)
+        return None if value is None else value.decode("latin-1").strip()
 
     # -- answering ---------------------------------------------------------------------
 
     async def _handle(self, request: h11.Request) -> Outcome:
         self._request = request
+        # Once per request: h11's headers are a Sequence read item by item in Python, and
+        # six lookups by scanning them cost more than the answer's JSON.
+        self._fields = {}
+        for name, value in request.headers:
+            self._fields.setdefault(name, value)
         deadline = time.monotonic() + self._max_hold
         method = request.method.decode("ascii", "replace")
         target = request.target.decode("ascii", "replace")
         path, _, query = target.partition("?")
         request_id = self._request_id()
         self._current = None
-        if path.startswith(PREFIX):
+        if path.startswith(PREFIX) or path == METRICS:
             body = await self._read_body(deadline)
             if body is None:
                 return Outcome.CLOSE
-            answer = control(method, path, query, body, self._state, request.headers)
+            answer = await self._state.control.answer(
+                method, path, query, body, self._state, request.headers
+            )
             return await self._send(answer, request_id)
         self._counters.request()
         log = self._current = self._log.request(method, path)
         log.request_id = self._header(b"x-request-id")
         log.idempotency_key = self._header(b"idempotency-key")
         try:
-            return await self._answer(method, path, query, request_id, log, deadline)
+            with self._state.flights.request() as flight:
+                return await self._answer(method, path, query, request_id, log, deadline, flight)
         except _Closed as exc:  # while reading the body: the client left, or was too slow.
             if exc.by == "client":
                 self._log.end_request(log, "client_closed" if exc.how == "fin" else "client_reset")
+            elif exc.how == "refused":  # a keyed `refuse`: the connection is reset.
+                self._log.end_request(log, "server_reset")
             else:
                 self._log.end_request(log, "hold_expired")
             raise
@@ -237,7 +254,14 @@ class Connection:
                 self._log.end_request(log, "complete" if log.status else "shutdown")
 
     async def _answer(
-        self, method: str, path: str, query: str, request_id: str, log: RequestLog, deadline: float
+        self,
+        method: str,
+        path: str,
+        query: str,
+        request_id: str,
+        log: RequestLog,
+        deadline: float,
+        flight: Flight,
     ) -> Outcome:
         spec_text: str | None = None
         if path.startswith("/fault/"):
@@ -250,14 +274,21 @@ class Connection:
         try:
             spec = parse_fault(given) if given else FaultSpec()
         except FaultSpecError as exc:
-            return await self._refuse(error(400, str(exc), code="invalid_fault"), request_id, log)
+            invalid = path_error(path, 400, str(exc), code="invalid_fault")
+            return await self._refuse(invalid, request_id, log)
         if spec.info.scope == "connection":
             message = (
                 f"fault {spec.name!r} acts on a connection before any request is read: arm it "
                 "with a scenario (FaultServer.scenario, or PUT /_fault/scenarios)"
             )
-            return await self._refuse(error(400, message, code="invalid_fault"), request_id, log)
+            invalid = path_error(path, 400, message, code="invalid_fault")
+            return await self._refuse(invalid, request_id, log)
         key = spec.key or self._header(b"x-fault-key")
+        if key is not None and self._log.total == 1 and self._log.fault is None:
+            log.key = key
+            # A connection-level fault armed for this key (a test's scope) takes the
+            # connection whose first request carries it, and no other test's.
+            await self._connection_fault(self._state.scenarios.take_connection(key=key))
         body: bytes | None = None
         if source != "header":  # a header is the test's explicit word: nothing overrides it.
             info = RequestInfo(key=key, path=path, method=method)
@@ -282,11 +313,9 @@ class Connection:
             if body is not None:
                 return await self._send(routed, request_id, log=log)
             return await self._refuse(routed, request_id, log)
-        hold = self._max_hold
-        if spec.get("hold") is not None:
-            hold = min(hold, spec.number("hold"))
         if spec.name == "half_open" and body is None:  # never read past the head.
-            return await self._run(spec, None, LocalSource(None, 0), request_id, hold, log)
+            hold = self._hold(spec)
+            return await self._run(spec, None, LocalSource(None, 0), request_id, hold, log, flight)
         if body is None:
             body = await self._read_body(deadline)
             if body is None:
@@ -301,10 +330,38 @@ class Connection:
             try:
                 chat = parse_request(path, body)
             except RequestError as exc:
-                whole = error(400, str(exc), param=exc.param)
+                whole = path_error(path, 400, str(exc), param=exc.param)
                 return await self._send(whole, request_id, log=log)
+            if chat is not None and self._state.fixtures:
+                chat, spec = self._fixture(chat, spec, key, path, log)
             answers = LocalSource(chat, spec.integer("tokens"))
-        return await self._run(spec, chat, answers, request_id, hold, log)
+        hold = self._hold(spec)
+        return await self._run(spec, chat, answers, request_id, hold, log, flight)
+
+    def _hold(self, spec: FaultSpec) -> float:
+        """How long ``spec`` may keep the connection: its ``hold``, at most max_hold."""
+        hold = spec.get("hold")
+        return self._max_hold if hold is None else min(self._max_hold, spec.number("hold"))
+
+    def _fixture(
+        self, chat: ChatRequest, spec: FaultSpec, key: str | None, path: str, log: RequestLog
+    ) -> tuple[ChatRequest, FaultSpec]:
+        """``chat`` answered by the first matching fixture, and the fault that delivers it:
+        the fixture's, unless an ``X-Fault`` header or a scenario rule chose one."""
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1").strip() for k, v in self._fields.items()
+        }
+        fixture = self._state.fixtures.take(chat, key, path, headers)
+        if fixture is None:
+            return chat, spec
+        if fixture.fault is not None and log.source not in ("header", "scenario"):
+            # Counted as faulted once: the mix's draw and a path's own fault already were.
+            counted = log.source == "mix" or (log.source == "path" and _is_fault(spec))
+            if key is not None and not counted:
+                self._counters.key_faulted(key)
+            spec = _merged(fixture.fault, spec)
+            log.fault, log.source = str(spec), "fixture"
+        return fixture.answer(chat), spec
 
     def _armed(self, spec: FaultSpec, source: str, info: RequestInfo) -> tuple[FaultSpec, str]:
         """The fault armed on the server for this request, if any: a matching scenario rule
@@ -329,7 +386,7 @@ class Connection:
             first = spec.first
             if first is not None and ordinal > first:
                 return FaultSpec()
-            if spec.name != "healthy" or set(spec.params) - {"key"}:  # more than a key
+            if _is_fault(spec):
                 self._counters.key_faulted(key)
         elif source in ("scenario", "mix"):
             self._counters.key_faulted(key)
@@ -343,8 +400,10 @@ class Connection:
         request_id: str,
         hold: float,
         log: RequestLog,
+        flight: Flight,
     ) -> Outcome:
-        """Run the fault's behaviour for at most ``hold`` seconds."""
+        """Run the fault's behaviour for at most ``hold`` seconds; ``flight`` waits during
+        its ``delay``, then is answered."""
         watcher = PeerWatcher(self._reader, self._conn)
         exchange = Exchange(
             conn=self._conn,
@@ -358,10 +417,13 @@ class Connection:
             buckets=self._state.buckets,
         )
         behaviour = BEHAVIOURS[spec.name]
-        watcher.start()
         try:
             with anyio.move_on_after(hold):
+                flight.queued(spec.name)
+                # Even without a delay this yields once: a client pipelining requests must
+                # not keep the loop from the other connections.
                 await exchange.sleep(spec.number("delay"))
+                flight.answering(spec.name)
                 outcome = await behaviour(exchange)
                 if outcome is Outcome.KEEP:
                     self._log.end_request(log, "complete")
@@ -376,7 +438,9 @@ class Connection:
             self._log.close("server", "hold")
             return Outcome.CLOSE  # hold ran out.
         except PeerGone:
-            how = watcher.how or "rst"
+            # The watcher tells FIN from RST; when it never ran (the answer went out at
+            # once), the reader knows whether a FIN came.
+            how = watcher.how or ("fin" if self._reader.at_eof() else "rst")
             self._log.end_request(log, "client_closed" if how == "fin" else "client_reset")
             self._log.close("client", how)
             return Outcome.ABORTED
@@ -443,7 +507,7 @@ class Connection:
         given = self._header(b"x-request-id")
         if given and len(given) <= 200 and given.isprintable():
             return given
-        return "req_" + secrets.token_hex(16)
+        return f"req_{_ID_PREFIX}{next(_ids):016x}"
 
     async def _write(self, data: bytes | None) -> None:
         if not data:
@@ -471,6 +535,25 @@ class Connection:
             raise
 
 
+if sys.version_info >= (3, 11):
+    # A read bounded by asyncio's own timeout: the read is a leaf (no scope inside it), and
+    # at two reads a request, anyio's scope (its backend looked up each time) cost ~25 us
+    # of a ~250 us request.
+    _read_bound = asyncio.timeout
+else:  # pragma: no cover - Python 3.10 has no asyncio.timeout.
+
+    @contextlib.asynccontextmanager
+    async def _read_bound(seconds: float) -> AsyncIterator[None]:
+        with anyio.fail_after(seconds):
+            yield
+
+
+# Request ids the server makes up: random per process, then counted (a urandom per
+# request was a system call on the hot path).
+_ID_PREFIX = secrets.token_hex(8)
+_ids = itertools.count(1)
+
+
 def _check_head_size(conn: h11.Connection) -> None:
     """Refuse a request head longer than `_MAX_HEAD` bytes, blank line included.
 
@@ -495,6 +578,11 @@ def _with_body(info: RequestInfo, body: bytes) -> RequestInfo:
     if chat is None:
         return info
     return RequestInfo(info.key, info.path, info.method, chat.stream, chat.model)
+
+
+def _is_fault(spec: FaultSpec) -> bool:
+    """Whether a request's own spec is a fault: more than ``healthy`` with a key."""
+    return spec.name != "healthy" or bool(set(spec.params) - {"key"})
 
 
 def _merged(chosen: FaultSpec, requested: FaultSpec) -> FaultSpec:

@@ -70,6 +70,11 @@ class PeerWatcher:
     It stops reading, without setting `gone`, once `_WATCH_CAP` bytes are buffered: past that
     the client's sends block, and only ``hold`` ends the exchange.
 
+    It starts only when an exchange must notice the client leaving while the server is not
+    writing to it: at its first wait (`Exchange.sleep`, a stall) or once the socket's send
+    buffer backs up. A healthy answer written at once never starts it: a task per request
+    was a fifth of the server's CPU per request.
+
     Its task is the only one a connection creates besides its own. `stop` cancels it and
     waits for it; a done-callback reads its outcome, so that even when the waiting is itself
     cancelled (the server shutting down), an error in it is logged and never left for
@@ -84,6 +89,9 @@ class PeerWatcher:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        """Start watching, unless already watching (or done)."""
+        if self._task is not None or self.gone.is_set():
+            return
         task = asyncio.get_running_loop().create_task(self._run(), name="fault_server.watch")
         task.add_done_callback(_report_watcher)
         self._task = task
@@ -292,7 +300,9 @@ class Exchange:
             self.log.bytes_sent += len(data)
         try:
             self._writer.write(data)
-            await self._writer.drain()
+            if self._writer.transport.get_write_buffer_size():
+                self._watcher.start()  # the client may leave while the buffer drains.
+                await self._writer.drain()
         except (ConnectionError, OSError) as exc:
             raise PeerGone from exc
 
@@ -301,6 +311,8 @@ class Exchange:
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds``, or raise `PeerGone` as soon as the client leaves."""
         gone = self._watcher.gone
+        if seconds > 0:
+            self._watcher.start()
         if seconds <= 0:
             await asyncio.sleep(0)
         else:

@@ -28,6 +28,7 @@ from pathlib import Path
 import anyio
 
 from ._catalogue import CONNECTION_BEHAVIOURS
+from ._metrics import Flights
 from ._scenarios import Scenarios
 from ._wire_accept import Acceptor
 
@@ -127,13 +128,17 @@ class TlsListener:
         scenarios: where a ``tls_stall`` rule is taken from.
         max_hold: bounds a handshake and a stall.
         serve: what serves a connection once its handshake is done.
+        flights: where a stalled handshake is counted (``GET /metrics``).
     """
 
-    def __init__(self, host: str, scenarios: Scenarios, max_hold: float, serve: Handler) -> None:
+    def __init__(
+        self, host: str, scenarios: Scenarios, max_hold: float, serve: Handler, flights: Flights
+    ) -> None:
         if not TLS_SUPPORTED:
             raise RuntimeError("the TLS listener needs Python 3.11+ (StreamWriter.start_tls)")
         self._host = host
         self._scenarios = scenarios
+        self._flights = flights
         self._max_hold = max_hold
         self._serve = serve
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -199,7 +204,8 @@ class TlsListener:
         rule = self._scenarios.take_connection(_STALL)
         if rule is not None:
             stall = CONNECTION_BEHAVIOURS[rule.spec.name]
-            return await stall(reader, writer, rule.spec, self._max_hold)
+            with self._flights.holding(rule.spec.name):
+                return await stall(reader, writer, rule.spec, self._max_hold)
         try:
             with anyio.fail_after(self._max_hold):
                 await writer.start_tls(context)  # type: ignore[attr-defined]  # 3.11+

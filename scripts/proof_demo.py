@@ -38,6 +38,7 @@ from typing import Any
 import anyio
 import httpx
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 import fault_server
 import stallproof
@@ -297,7 +298,7 @@ def _name_of(e: BaseException) -> str:
 
 
 async def stallproof_call(
-    client: stallproof.Client, messages: list[dict[str, Any]], turn: Turn
+    client: stallproof.Client, messages: list[ChatCompletionMessageParam], turn: Turn
 ) -> str:
     headers = {"X-Fault": turn.variant.spec}  # agents are tagged by run_agent's tag()
     if turn.stream:
@@ -338,7 +339,7 @@ async def _agent_rounds(
     progress: Progress,
     outcomes: list[Outcome],
 ) -> None:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM.format(i=i)}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": SYSTEM.format(i=i)}]
     for turn in turns:
         messages.append({"role": "user", "content": turn.user})
         snapshot = list(messages)
@@ -348,7 +349,7 @@ async def _agent_rounds(
         client = clients[turn.variant.spec == BLACKHOLE]
 
         async def call(
-            snapshot: list[dict[str, Any]] = snapshot,
+            snapshot: list[ChatCompletionMessageParam] = snapshot,
             turn: Turn = turn,
             client: stallproof.Client = client,
         ) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 import stallproof
 
-from .support.clients import KEY, assert_pool_clean
+from .support.clients import KEY, MakeClient, assert_pool_clean
 from .support.rawserver import RawServer
 
 # `pytester`: tests of our pytest plugin run a session of their own.
@@ -27,7 +27,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def make_client() -> AsyncIterator[Any]:
+async def make_client() -> AsyncIterator[MakeClient]:
     """Factory of clients that are closed, and checked for leaks, at the end of the test.
 
     Clients make one attempt per call unless the test passes ``retry=``, so a bound test

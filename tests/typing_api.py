@@ -73,6 +73,10 @@ async def drop_in(client: stallproof.Client) -> None:
     except openai.APITimeoutError as e:
         request: httpx2.Request = e.request
         del request
+    # The stream helper without a response_format, as with openai: no annotation needed.
+    async with client.chat.completions.stream(model="m", messages=messages) as events:
+        async for event in events:
+            del event
     await client.close()
     del content, created, ids, first
 
@@ -97,6 +101,28 @@ async def sdk_face_code() -> None:
     claude = stallproof.anthropic.AsyncAnthropic(api_key="k", timeout=30)
     same: stallproof.Engine = claude.with_options(timeout=10).engine
     del resp, calls, engine, same
+
+
+def sync_code() -> None:
+    import httpx
+    import openai
+    from openai.types.chat import ChatCompletion
+
+    import stallproof.anthropic
+    import stallproof.openai
+
+    client = stallproof.openai.OpenAI(api_key="sk-...", timeout=30)
+    sdk: openai.OpenAI = client.with_options(timeout=5)
+    with stallproof.deadline(60, name="turn"):
+        resp: ChatCompletion = sdk.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+    calls: tuple[stallproof.InflightCall, ...] = client.inflight()
+    stock = openai.OpenAI(http_client=stallproof.sync_http_client2(timeout=30), max_retries=0)
+    raw = httpx.Client(transport=stallproof.Transport(timeout=30))
+    legacy: httpx.Client = stallproof.sync_http_client(timeout=30)
+    claude: stallproof.Engine = stallproof.anthropic.Anthropic(api_key="k", timeout=30).engine
+    del resp, calls, stock, raw, legacy, claude
 
 
 async def fleet_code() -> None:

@@ -3,8 +3,10 @@
 Every call is bounded in every phase (connect, read, write, pool wait, time to first token,
 stream idle) and by one total deadline that covers them all.
 
-The SDK faces, `stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAnthropic`,
-live in submodules that are imported on first use: ``import stallproof`` imports neither SDK.
+The SDK faces, `stallproof.openai.AsyncOpenAI` and `stallproof.anthropic.AsyncAnthropic`
+(and their sync forms `OpenAI`, `Anthropic`), live in submodules that are imported on first
+use: ``import stallproof`` imports neither SDK. Sync code has `Transport`, `Transport2`,
+`sync_http_client()` and `sync_http_client2()`, and ``with stallproof.deadline(...)``.
 
 Where things are. Five layers, each importing only from the layers below it; the life of
 one call through them is told in docs/architecture.md. A sub-package's own docstring maps
@@ -17,8 +19,9 @@ module              what is in it
 `_client`           `Client`: the native async OpenAI-compatible client
 `_completions`      ``client.chat.completions`` (and ``client.beta``)
 `_resources`        ``client.models``, ``client.embeddings``
+`_responses`        ``client.responses``: the Responses API
 `_raw`              a prepared call, and ``with_raw_response`` / ``with_streaming_response``
-`_stream`           `AsyncStream`: a streamed chat completion, typed chunk by chunk
+`_stream`           `AsyncStream`, `ResponseStream`: streams, typed event by event
 `_request`          openai-style arguments -> the request body, with clear errors
 `_results`          parsed JSON -> openai's own result types, validated
 `_settings`         a `Client`'s settings as openai names them
@@ -48,6 +51,7 @@ module              what is in it
 `_wire/`            `Wire` (the interface), `Pool`, `Network`, proxies, httpx adapters
 **foundations**     imported by every layer, importing none
 `_config`           `Timeouts`, `Limits`: frozen, validated bounds and caps
+`_clock`            the event loop's clock, and a deadline read across clocks (sync too)
 `_exceptions`       the one exception tree
 `_validate`         the validation rules and message shape every config shares
 `_redact`           keeping secrets out of messages, reprs, logs, spans and chains
@@ -92,19 +96,22 @@ from ._exceptions import (
     StallproofError,
     StreamErrorEvent,
     TimeoutException,
+    TooManyRedirects,
     TotalTimeout,
     TransportError,
     TruncatedResponse,
     UnprocessableEntityError,
     WriteTimeout,
 )
+from ._faces._sync_transport import Transport, Transport2, sync_http_client, sync_http_client2
 from ._faces._transport import AsyncTransport, AsyncTransport2, http_client, http_client2
 from ._inflight import InflightCall, dump_on_signal, format_inflight, tag
 from ._pacer import PacerState
 from ._policies import DEFAULT_RETRY_STATUSES, Breaker, Pacer, RedisState, Retry, RetryBudget
 from ._raw import RawResponse, StreamingResponse
 from ._resources import Embeddings, ModelList, ModelPage, Models
-from ._stream import AsyncStream
+from ._responses import Responses
+from ._stream import AsyncStream, ResponseStream
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -155,6 +162,8 @@ __all__ = [
     "RawResponse",
     "ReadTimeout",
     "RedisState",
+    "Responses",
+    "ResponseStream",
     "ResponseTooLarge",
     "Retry",
     "RetryBudget",
@@ -163,10 +172,15 @@ __all__ = [
     "StallproofError",
     "StreamErrorEvent",
     "StreamingResponse",
+    "sync_http_client",
+    "sync_http_client2",
     "tag",
     "TimeoutException",
     "Timeouts",
+    "TooManyRedirects",
     "TotalTimeout",
+    "Transport",
+    "Transport2",
     "TransportError",
     "TruncatedResponse",
     "UnprocessableEntityError",

@@ -171,6 +171,11 @@ class ResponseBody:
         # content event (idle).
         call = self._call
         self._waited = call.now() - (call.sent_at or call.started)
+        # When the last step, which brought no content, ended: the caller's time from then
+        # to the next step counts as waiting too (see `_step`). None after content.
+        self._idle_since: float | None = None
+        # Data of the events kept before the caller chose how to read (see `_absorb_events`).
+        self._kept_undecided = 0
 
     @property
     def is_stream(self) -> bool:
@@ -206,6 +211,11 @@ class ResponseBody:
         start = call.now()
         if start >= call.total_deadline:
             raise call.timeout_error("total")
+        if self._idle_since is not None:
+            # The caller's time is not counted while it holds content; what it spends on
+            # events that carried none (an SDK parsing a flood of empty chunks) is: else a
+            # flood that costs the caller more than the server would hold idle off forever.
+            self._waited += start - self._idle_since
         content = False
         deadline = start + (limit - self._waited)
         read_before = getattr(self._raw, "read_before", None)
@@ -232,8 +242,11 @@ class ResponseBody:
         if content:
             self._seen_content = True
             self._waited = 0.0
+            self._idle_since = None
         else:
-            self._waited += call.now() - start
+            end = call.now()
+            self._waited += end - start
+            self._idle_since = end
 
     def _needs_slices(self, data: bytes) -> bool:
         """Whether sorting ``data`` may await (and so must run under the step's scope)."""
@@ -272,7 +285,7 @@ class ResponseBody:
 
     def _absorb_events(self, events: object) -> bool:
         content = False
-        keep = self._mode != "bytes"
+        mode = self._mode
         outcome = self.outcome
         call = self._call
         telemetry = self._scope.telemetry
@@ -282,7 +295,16 @@ class ResponseBody:
                 content = True
                 call.progress(content=True)
                 telemetry.chunk()
-            if keep:
+            if mode == "events":
+                self._events.append((event, obj, is_content))
+            elif mode is None and (
+                is_content or self._kept_undecided <= self._limits.max_line_bytes
+            ):
+                # Before the caller chose (the engine's prefetch), each event is kept twice:
+                # as bytes (bounded by max_response_bytes) and decoded, ten times larger.
+                # Past a line's cap of events without content, those are kept as bytes
+                # alone: a flood before the first content cannot cost ten times the stream.
+                self._kept_undecided += len(event.data)
                 self._events.append((event, obj, is_content))
         return content
 
@@ -307,6 +329,11 @@ class ResponseBody:
             return
         try:
             while True:
+                if self._decoder.not_utf8:
+                    # The SDKs decode an event stream's lines strictly: a byte that is not
+                    # UTF-8 would fail raw inside their decoder. Typed here, before the
+                    # chunk that holds it is handed on.
+                    await self._fail_with(exc.MalformedResponse, "the event stream is not UTF-8")
                 while self._chunks:
                     yield self._chunks.popleft()
                 if self._state is not _State.LIVE:
@@ -340,6 +367,11 @@ class ResponseBody:
     async def _fail(self, error: BaseException) -> None:
         self._scope.end(error)
         await self._release()
+
+    async def _fail_with(self, cls: type[exc.StallproofError], message: str) -> None:
+        error = self._call.error(cls, message)
+        await self._fail(error)
+        raise error
 
     async def discard(self) -> None:
         """Release the connection without ending the call (its attempt failed: a retry
@@ -403,13 +435,19 @@ class ResponseBody:
         self._raw = None
         if raw is not None or pool_response is not None:
             with anyio.move_on_after(_CLOSE_BOUND, shield=True):
-                if raw is not None:
-                    # Finalise the body iterator now rather than at garbage collection.
-                    with contextlib.suppress(Exception):
-                        await aclose_iterator(raw)
-                if pool_response is not None:
-                    with contextlib.suppress(Exception):
-                        await pool_response.aclose()
+                try:
+                    if raw is not None:
+                        # Finalise the body iterator now rather than at garbage collection.
+                        with contextlib.suppress(Exception):
+                            await aclose_iterator(raw)
+                finally:
+                    # In a ``finally``: an anyio shield does not stop asyncio's own
+                    # ``Task.cancel()`` (asyncio.timeout, wait_for, TaskGroup), and a close
+                    # it interrupts must still hand the connection back (the pool's
+                    # bookkeeping runs before its first await: see `_wire._pool._Body`).
+                    if pool_response is not None:
+                        with contextlib.suppress(Exception):
+                            await pool_response.aclose()
 
     def __del__(self) -> None:
         # Dropped without being read to the end or closed: the call's permit and its

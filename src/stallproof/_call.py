@@ -8,9 +8,7 @@ from httpcore's ``trace`` request extension, not from guessing.
 
 from __future__ import annotations
 
-import asyncio
 import re
-import secrets
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType, TracebackType
@@ -19,14 +17,14 @@ from typing import Any, Protocol, TypeVar
 import anyio
 import h11
 import httpcore2
-import sniffio
 
 from . import _exceptions as exc
+from ._clock import loop_clock
 from ._config import Timeouts
 from ._deadline import ActiveDeadline
 from ._inflight import InflightCall
 
-__all__ = ["Call", "PhaseListener", "loop_clock", "new_request_id"]
+__all__ = ["Call", "PhaseListener"]
 
 
 class PhaseListener(Protocol):
@@ -53,46 +51,11 @@ _SENT_EVENTS = frozenset({"http11.send_request_body.complete", "http2.send_reque
 E = TypeVar("E", bound=exc.StallproofError)
 
 
-def new_request_id() -> str:
-    return f"sp-{secrets.token_hex(12)}"
-
-
-_last_clock: tuple[asyncio.AbstractEventLoop, Callable[[], float]] | None = None
-
-
-def loop_clock() -> Callable[[], float]:
-    """The running event loop's clock: what `anyio.current_time` returns, looked up once.
-
-    `anyio.current_time` finds the backend through sniffio on every call; a call reads
-    the clock a dozen times, so it keeps the function it resolves to (asyncio's
-    ``loop.time``, trio's ``current_time``, which follows a test's ``MockClock``).
-    """
-    global _last_clock
-    try:
-        library = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return anyio.current_time  # not in an event loop: anyio raises its own error
-    if library == "asyncio":
-        loop = asyncio.get_running_loop()
-        last = _last_clock
-        if last is not None and last[0] is loop:
-            return last[1]  # the same bound method for every call on this loop
-        clock = loop.time
-        _last_clock = (loop, clock)
-        return clock
-    if library == "trio":
-        import trio
-
-        return trio.current_time
-    return anyio.current_time  # pragma: no cover - another anyio backend
-
-
 class Call:
     """Clock, phase and armed bound of one logical call. Not shared between calls."""
 
     __slots__ = (
         "_bound",
-        "_registry",
         "_scope",
         "agent",
         "attempt",
@@ -148,9 +111,11 @@ class Call:
         self.started = self.now()
         self.total_deadline = self.started + timeouts.total
         # A `deadline()` scope around the call that ends before its own total clips it.
-        self.scope = scope if scope is not None and scope.when < self.total_deadline else None
+        # (The scope may have been set on another clock: sync code, another loop.)
+        scope_when = scope.when_on(self.now) if scope is not None else self.total_deadline
+        self.scope = scope if scope_when < self.total_deadline else None
         if self.scope is not None:
-            self.total_deadline = self.scope.when
+            self.total_deadline = scope_when
         self.phase = "pool wait"
         self.phase_since = self.started
         self.last_progress = self.started
@@ -164,21 +129,10 @@ class Call:
         self.content_chunks = 0
         self.shared: str | None = None  # fleet state: "redis", "local (why)"; None: unshared
         self.telemetry: PhaseListener | None = None
-        self._registry: dict[int, Call] | None = None
         self._scope: anyio.CancelScope | None = None
         self._bound = "total"
 
-    # -- the client's in-flight registry ---------------------------------------------------
-
-    def register(self, registry: dict[int, Call]) -> None:
-        self._registry = registry
-        registry[id(self)] = self
-
-    def unregister(self) -> None:
-        """Leave the in-flight view (idempotent): the call is over."""
-        if self._registry is not None:
-            self._registry.pop(id(self), None)
-            self._registry = None
+    # -- the in-flight view (the engine's registry holds the call; `CallScope.end` removes it)
 
     def snapshot(self, now: float, stalled_after: float) -> InflightCall:
         since_progress = now - self.last_progress

@@ -25,6 +25,7 @@ from ._raw import PerCall, Prepared
 from ._redact import safe_url
 from ._request import is_omitted
 from ._resources import Embeddings, Models
+from ._responses import Responses
 from ._settings import Settings
 from ._wire._httpx_pool import HttpxClientPool
 from ._wire._proxy import ProxyTypes
@@ -47,8 +48,8 @@ class Client:
         api_key: sent as ``Authorization: Bearer ...``. Defaults to ``$OPENAI_API_KEY``;
             with neither, no Authorization header is sent (local servers often need none).
             The key never appears in a repr, a log line or an exception.
-        organization, project: sent as ``OpenAI-Organization`` / ``OpenAI-Project``;
-            default ``$OPENAI_ORG_ID`` / ``$OPENAI_PROJECT_ID``.
+        organization: sent as ``OpenAI-Organization``; default ``$OPENAI_ORG_ID``.
+        project: sent as ``OpenAI-Project``; default ``$OPENAI_PROJECT_ID``.
         timeout: the default bounds of every call: a number (the total budget in seconds),
             a `Timeouts`, or an ``httpx.Timeout`` (its phases replace ours; total stays).
             Never None: stallproof never runs a call unbounded. Each call may override it
@@ -78,8 +79,9 @@ class Client:
             (``http://user:pass@proxy:3128``, ``https://...``, ``socks5://...`` with the
             ``socks`` extra) or an ``httpx.Proxy``. Its credentials never show in a repr,
             an error, a log line or a span.
-        tracer_provider, meter_provider: OpenTelemetry providers; default the global ones.
-            With none configured, tracing costs a few no-op calls.
+        tracer_provider: the OpenTelemetry tracer provider; default the global one. With
+            none configured, tracing costs a few no-op calls.
+        meter_provider: the OpenTelemetry meter provider; default the global one.
         provider_name: ``gen_ai.provider.name`` on spans and metrics (default "openai").
         record_content: put prompts and completions on spans (default False: never).
 
@@ -168,6 +170,7 @@ class Client:
         self.beta = Beta(self.chat)
         self.models = Models(self)
         self.embeddings = Embeddings(self)
+        self.responses = Responses(self)
 
     def with_options(self, **changes: Any) -> Client:
         """A client with some settings changed, sharing this one's engine (its pool,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, Literal, cast, overload
 
 import httpx
 import httpx2
@@ -25,7 +25,7 @@ from openai.lib._parsing import (
 from openai.lib.streaming.chat import AsyncChatCompletionStreamManager
 from openai.types.chat import ChatCompletion, ParsedChatCompletion
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
-from typing_extensions import TypedDict, Unpack
+from typing_extensions import TypedDict, TypeVar, Unpack
 
 from . import _exceptions as exc
 from ._config import Timeouts
@@ -46,7 +46,9 @@ from ._stream import AsyncStream
 
 __all__ = ["Beta", "Chat", "Completions", "CreateArgs"]
 
-T = TypeVar("T")
+# What parse()/stream() parse the content into; None without a response_format, as openai's
+# ResponseFormatT (so `async with ...stream(...) as s` needs no annotation).
+T = TypeVar("T", default=None)
 
 
 class CallArgs(TypedDict, total=False):

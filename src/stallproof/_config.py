@@ -125,6 +125,9 @@ class Limits:
             connection it opened (at 20, 64 agents at once closed and reopened 44 a round,
             a TLS handshake each against a real server).
         keepalive_expiry: seconds an idle connection is kept. Default 5.
+        max_redirects: redirects one call follows (inside its one deadline; see
+            `stallproof._redirects`) before it fails with `TooManyRedirects`; 0 follows
+            none. Default 10.
     """
 
     max_response_bytes: int = 32 * 1024 * 1024
@@ -133,6 +136,7 @@ class Limits:
     max_connections: int = 100
     max_keepalive_connections: int | None = None
     keepalive_expiry: float = 5.0
+    max_redirects: int = 10
 
     @property
     def idle_connections(self) -> int:
@@ -149,7 +153,8 @@ class Limits:
             if field.name == "keepalive_expiry":
                 object.__setattr__(self, field.name, seconds("Limits.keepalive_expiry", value))
                 continue
-            check_int(f"Limits.{field.name}", value, minimum=1)
+            minimum = 0 if field.name == "max_redirects" else 1
+            check_int(f"Limits.{field.name}", value, minimum=minimum)
         if self.idle_connections > self.max_connections:
             raise InvalidRequestError(
                 "Limits.max_keepalive_connections must be <= max_connections, got "

@@ -19,7 +19,9 @@ SDK the response it expects; ``Incoming.error`` carries the matching `APIStatusE
 faces that raise it themselves.
 
 The layers, one concern each (httpx's ``send → _send_handling_auth → ...``): `send` owns the
-call, `_attempts` the retry loop, `_attempt` one request, `_read_whole` a body.
+call, `_follow` its redirects (each hop inside the one deadline, at most
+``Limits.max_redirects``: see `stallproof._redirects`), `_attempts` the retry loop,
+`_attempt` one request, `_read_whole` a body.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 import anyio
 import httpcore2
+import httpx2
 
 from . import _exceptions as exc
 from ._body import ResponseBody, aclose_iterator, close_pool_response
@@ -57,6 +60,7 @@ from ._pacer import PacerRuntime, PacerState
 from ._policies import Breaker, Pacer, Retry, RetryBudget
 from ._progress import Outcome
 from ._redact import check_headers
+from ._redirects import BadLocation, next_hop, redirect_location
 from ._retry import RetryTokens, make_retrying
 from ._status import status_error_from_body
 from ._telemetry import Instruments
@@ -91,6 +95,9 @@ class CallOptions:
     body: Mapping[str, Any] | None = None
     upstream: str | None = None
     operation: str | None = None
+    credentials: frozenset[str] = frozenset()
+    """Header names (lower-case) that carry a credential, beyond those stallproof always
+    treats so (an SDK's ``auth_headers``): dropped on a redirect to another origin."""
 
 
 _NO_OPTIONS = CallOptions()
@@ -161,8 +168,10 @@ class Engine:
             ``HTTPS_PROXY``, ``ALL_PROXY`` name, bar ``NO_PROXY`` (as httpx does).
         proxy: a proxy URL (``http://user:pass@host:3128``, ``socks5://...``) or an
             ``httpx.Proxy`` for every call of the default pool, instead of the environment.
-        provider_name, record_content, tracer_provider, meter_provider: telemetry, as
-            for `Client`.
+        provider_name: ``gen_ai.provider.name``, as for `Client`.
+        record_content: put prompts and completions on spans, as for `Client`.
+        tracer_provider: the OpenTelemetry tracer provider, as for `Client`.
+        meter_provider: the OpenTelemetry meter provider, as for `Client`.
 
     One engine belongs to one event loop, as its client does: the state its calls share
     (budget, circuits, pacer, registry) changes without awaiting, and takes no lock.
@@ -322,7 +331,7 @@ class Engine:
                     max_tokens=max_tokens if isinstance(max_tokens, int) else None,
                 )
                 await scope.pace(self._pacing, estimate)
-            incoming = await self._attempts(out, scope, policy, circuit)
+            incoming = await self._follow(out, scope, policy, circuit)
         except _StatusFailure as failure:
             # Out of attempts (or not retryable): the caller gets the response itself.
             scope.end(failure.error)
@@ -335,6 +344,32 @@ class Engine:
         if self._retry_tokens is not None:
             self._retry_tokens.record_success()
         return incoming
+
+    async def _follow(
+        self, out: Outgoing, scope: CallScope, policy: Retry, circuit: Circuit | None
+    ) -> Incoming:
+        """The redirect layer: attempts at each hop until an answer that is not a redirect.
+
+        Every hop runs inside the call's one deadline, pacer permit and span; the call
+        fails with `TooManyRedirects` past ``Limits.max_redirects``. A face's HTTP client
+        is never handed a redirect, so it never follows one with a fresh deadline.
+        """
+        call = scope.call
+        limit = self.limits.max_redirects
+        hops = 0
+        while True:
+            incoming = await self._attempts(out, scope, policy, circuit)
+            location = redirect_location(incoming.status, incoming.headers)
+            if location is None:
+                return incoming
+            if hops >= limit:
+                raise call.error(
+                    exc.TooManyRedirects,
+                    f"HTTP {incoming.status}: more than max_redirects={limit} redirects",
+                    limit=limit,
+                )
+            hops += 1
+            out = _redirected(out, incoming.status, location, call)
 
     async def _attempts(
         self, out: Outgoing, scope: CallScope, policy: Retry, circuit: Circuit | None
@@ -481,14 +516,17 @@ class Engine:
                 )
                 if error_body:
                     content = await self._read_whole(pool_response, call, decoder, error=True)
-                    error = status_error_from_body(call, status, headers, content)
                     body = ResponseBody(scope, self.limits, content=content)
-                    raise _StatusFailure(
-                        error, Incoming(status, headers, _extensions(pool_response), body, call)
-                    )
-                # An event stream is read as one only when one was asked for: an answer
-                # that streams to a plain request is a whole body, bounded by total.
-                if call.stream and _is_event_stream(pool_response.headers):
+                    if redirect_location(status, headers) is None:
+                        error = status_error_from_body(call, status, headers, content)
+                        raise _StatusFailure(
+                            error, Incoming(status, headers, _extensions(pool_response), body, call)
+                        )
+                    # A redirect is an answer (the server is up): `_follow` takes it.
+                elif call.stream and _is_event_stream(pool_response.headers):
+                    # An event stream is read as one only when one was asked for: an
+                    # answer that streams to a plain request is a whole body, bounded by
+                    # total.
                     stream = ResponseBody(
                         scope, self.limits, pool_response=pool_response, decoder=decoder
                     )
@@ -628,6 +666,42 @@ async def _release(pool_response: httpcore2.Response | None, stream: ResponseBod
 def _closes_at_once(pool_response: httpcore2.Response) -> bool:
     # The asyncio wire's bodies (`_wire._pool._Body.closes_at_once`).
     return getattr(pool_response.stream, "closes_at_once", False) is True
+
+
+def _redirected(out: Outgoing, status: int, location: bytes, call: Call) -> Outgoing:
+    """The request after a redirect (see `stallproof._redirects.next_hop`)."""
+    url = httpx2.URL(
+        scheme=out.scheme.decode("ascii"),
+        host=out.host.decode("ascii"),
+        port=out.port,
+        raw_path=out.target,
+    )
+    try:
+        method, target, headers, content = next_hop(
+            out.method,
+            url,
+            out.headers,
+            out.content,
+            status=status,
+            location=location,
+            credentials=out.options.credentials,
+        )
+    except BadLocation as e:
+        raise call.error(exc.MalformedResponse, f"HTTP {status}: {e}") from None
+    nxt = Outgoing(
+        method,
+        target.raw_scheme,
+        target.raw_host,
+        target.port,
+        target.raw_path,
+        headers,
+        content,
+        timeout=out.timeout,
+        options=out.options,
+    )
+    call.method = method.decode("ascii")
+    call.url = nxt.url
+    return nxt
 
 
 def _peek_json(out: Outgoing) -> Mapping[str, Any]:

@@ -19,7 +19,8 @@ StallproofError
 ├── ProtocolError                  the server answered, but not in a shape we accept
 │   ├── MalformedResponse          invalid JSON or SSE, or fields of the wrong type
 │   ├── TruncatedResponse          the body or stream ended early
-│   └── ResponseTooLarge           a size cap (`max_response_bytes`, `max_line_bytes`) hit
+│   ├── ResponseTooLarge           a size cap (`max_response_bytes`, `max_line_bytes`) hit
+│   └── TooManyRedirects           more redirects than `Limits.max_redirects`
 ├── APIStatusError                 a non-2xx answer; .status_code, .body, .request_id
 │   ├── BadRequestError (400) · AuthenticationError (401) · PermissionDeniedError (403)
 │   ├── NotFoundError (404) · ConflictError (409) · UnprocessableEntityError (422)
@@ -87,6 +88,7 @@ __all__ = [
     "StallproofError",
     "StreamErrorEvent",
     "TimeoutException",
+    "TooManyRedirects",
     "TotalTimeout",
     "TransportError",
     "TruncatedResponse",
@@ -409,6 +411,19 @@ class TruncatedResponse(ProtocolError, openai.APIConnectionError):
 
 class ResponseTooLarge(ProtocolError, openai.APIConnectionError):
     """A response or an SSE line passed its configured cap (see ``Limits``)."""
+
+    def __init__(self, message: str, *, limit: int, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.limit = limit
+
+
+class TooManyRedirects(ProtocolError, openai.APIConnectionError):
+    """The server redirected the call more than ``Limits.max_redirects`` times (a loop,
+    most often). Every hop ran inside the call's one deadline.
+
+    Attributes:
+        limit: the ``max_redirects`` that was passed.
+    """
 
     def __init__(self, message: str, *, limit: int, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)

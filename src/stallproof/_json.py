@@ -7,6 +7,8 @@ through this module:
 
 - its nesting depth is checked *before* parsing (at most `MAX_DEPTH`), in C-speed passes
   over the bytes, so deep nesting is a `MalformedResponse`, never a ``RecursionError``;
+- so is its density (`JSONTooDense`): past 100,000 objects and arrays, at most one per 64
+  bytes, so what a parse costs stays within a few times the body's size;
 - a body larger than `OFF_LOOP_BYTES` is parsed (and converted, see `parse_body`) in a
   worker thread, under the call's total deadline: the call ends on time even while the
   parse runs on, and other calls on the loop are not held up. A `CapacityLimiter` per
@@ -28,7 +30,15 @@ import anyio.to_thread
 from . import _exceptions as exc
 from ._call import Call
 
-__all__ = ["MAX_DEPTH", "OFF_LOOP_BYTES", "JSONTooDeep", "loads", "parse_body", "too_deep"]
+__all__ = [
+    "MAX_DEPTH",
+    "OFF_LOOP_BYTES",
+    "JSONTooDeep",
+    "JSONTooDense",
+    "loads",
+    "parse_body",
+    "too_deep",
+]
 
 MAX_DEPTH = 128
 OFF_LOOP_BYTES = 64 * 1024
@@ -47,6 +57,19 @@ _limiters: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
 
 class JSONTooDeep(ValueError):
     """The document nests deeper than `MAX_DEPTH` (raised before parsing)."""
+
+
+class JSONTooDense(ValueError):
+    """The document holds more objects and arrays than its size allows (raised before
+    parsing): each costs the parser 64-250 bytes of heap for 2 bytes of input, so 15 MB of
+    ``[{},{},...]`` would cost 400 MiB."""
+
+
+# A document may hold this many objects and arrays whatever its size; past it, at most
+# one per `_BYTES_PER_CONTAINER` bytes on average (an API answer holds far fewer: text,
+# numbers and strings, in a few dozen containers; 1,000 embeddings hold 2,000).
+_FREE_CONTAINERS = 100_000
+_BYTES_PER_CONTAINER = 64
 
 
 def too_deep(data: bytes) -> bool:
@@ -90,11 +113,18 @@ def loads(data: bytes | str) -> object:
     """
     if isinstance(data, str):
         # (An SSE event's data: most have a few brackets, and need no bytes copy to say so.)
-        deep = data.count("[") + data.count("{") > MAX_DEPTH and too_deep(data.encode())
+        containers = data.count("[") + data.count("{")
+        deep = containers > MAX_DEPTH and too_deep(data.encode())
     else:
-        deep = too_deep(data)
+        containers = data.count(b"[") + data.count(b"{")
+        deep = containers > MAX_DEPTH and too_deep(data)
     if deep:
         raise JSONTooDeep(f"JSON nested deeper than {MAX_DEPTH} levels")
+    if containers > _FREE_CONTAINERS and containers * _BYTES_PER_CONTAINER > len(data):
+        raise JSONTooDense(
+            f"JSON with {containers} objects and arrays in {len(data)} bytes: more than one "
+            f"per {_BYTES_PER_CONTAINER} bytes would cost the parser far more memory"
+        )
     try:
         # A str goes straight to the decoder (json.loads's own checks are for bytes).
         return _decode(data) if isinstance(data, str) else json.loads(data)
@@ -134,7 +164,7 @@ async def parse_body(
             return await anyio.to_thread.run_sync(
                 _parse_then, content, convert, abandon_on_cancel=True, limiter=_limiter()
             )
-    except JSONTooDeep as e:
+    except (JSONTooDeep, JSONTooDense) as e:
         raise call.error(exc.MalformedResponse, f"{what}: {e}") from None
     except ValueError:
         raise call.error(

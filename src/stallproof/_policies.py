@@ -193,6 +193,10 @@ class Pacer:
         for name in ("increase_step", "chars_per_token"):
             check_number(f"Pacer.{name}", getattr(self, name), above=0)
         if self.weights is not None:
+            if not isinstance(self.weights, Mapping):
+                raise invalid(
+                    "Pacer.weights", "None or a mapping of agent names to shares", self.weights
+                )
             weights = dict(self.weights)
             for agent, weight in weights.items():
                 if not isinstance(agent, str):
@@ -295,11 +299,7 @@ class RedisState:
     poll_interval: float = 0.05
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or urlsplit(self.url).scheme not in (
-            "redis",
-            "rediss",
-            "unix",
-        ):
+        if not _redis_url(self.url):
             raise exc.InvalidRequestError(
                 "RedisState.url must be a redis://, rediss:// or unix:// URL,"
                 f" got {_mask(self.url)!r}"
@@ -334,6 +334,18 @@ class RedisState:
             f"RedisState(url={_mask(self.url)!r}, prefix={self.prefix!r},"
             f" op_timeout={self.op_timeout!r}, fail={self.fail!r})"
         )
+
+
+def _redis_url(url: object) -> bool:
+    """A str that splits as a redis://, rediss:// or unix:// URL, its port (if any) in range."""
+    if not isinstance(url, str):
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:  # "Invalid IPv6 URL", "Port out of range 0-65535"
+        return False
+    return parts.scheme in ("redis", "rediss", "unix")
 
 
 def _mask(url: object) -> object:

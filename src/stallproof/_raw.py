@@ -11,8 +11,10 @@ Each is the same engine call under the same bounds; only what the caller gets di
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -115,7 +117,9 @@ class RawResponse(Generic[R]):
 
 class StreamingResponse(Generic[R]):
     """What ``with_streaming_response`` methods return: an async context manager whose
-    value has the status and headers at once, and ``await parse()`` for the result.
+    value has the status and headers at once, then ``await parse()`` for the result, or
+    the body as openai's streaming response gives it: ``iter_bytes()``, ``iter_text()``,
+    ``iter_lines()``, ``read()``, ``text()``, ``json()`` (one of these, once).
 
     Leaving the block releases the connection, whether or not the body was read.
     """
@@ -125,6 +129,7 @@ class StreamingResponse(Generic[R]):
         self._prepared = prepared
         self._incoming: Incoming | None = None
         self._result: R | None = None
+        self._consumed = False
         self.status_code = 0
         self.headers = httpx.Headers()
         self.request_id: str | None = None
@@ -139,11 +144,95 @@ class StreamingResponse(Generic[R]):
 
     async def parse(self) -> R:
         """Read the body (under the call's bounds) into the typed result; once."""
-        if self._incoming is None:
-            raise RuntimeError("parse() is only available inside `async with`")
+        incoming = self._open("parse")
         if self._result is None:
-            self._result = await self._prepared.convert(self._incoming)
+            if self._consumed:
+                raise RuntimeError("parse() after the body was read as bytes: choose one")
+            self._result = await self._prepared.convert(incoming)
         return self._result
+
+    # -- the body as openai's streaming response reads it ------------------------------------
+
+    async def iter_bytes(self, chunk_size: int | None = None) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (``chunk_size``: in pieces of that size, the
+        last one shorter), each read under the call's bounds; once."""
+        incoming = self._open("iter_bytes")
+        if self._consumed or self._result is not None:
+            raise RuntimeError("the body was already read: iter_*(), read() or parse() once")
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
+            raise exc.InvalidRequestError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+        self._consumed = True
+        pending = bytearray()
+        async for part in incoming.body.aiter_bytes():
+            if chunk_size is None:
+                yield part
+                continue
+            pending += part
+            while len(pending) >= chunk_size:
+                yield bytes(pending[:chunk_size])
+                del pending[:chunk_size]
+        if pending:
+            yield bytes(pending)
+
+    async def iter_text(self, chunk_size: int | None = None) -> AsyncIterator[str]:
+        """The body as text (its charset, else UTF-8), decoded incrementally."""
+        decoder = codecs.getincrementaldecoder(self._charset())(errors="replace")
+        async for part in self.iter_bytes(chunk_size):
+            text = decoder.decode(part)
+            if text:
+                yield text
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail
+
+    async def iter_lines(self) -> AsyncIterator[str]:
+        """The body's lines, without their line endings (``\n``, ``\r\n`` or ``\r``)."""
+        pending = ""
+        async for text in self.iter_text():
+            pending += text
+            lines = pending.splitlines(keepends=True)
+            pending = ""
+            if lines and not lines[-1].endswith(("\n", "\r")):
+                pending = lines.pop()
+            elif lines and lines[-1].endswith("\r"):
+                pending = lines.pop()  # \r may be the first half of \r\n
+            for line in lines:
+                yield line.rstrip("\r\n")
+        if pending:
+            yield pending.rstrip("\r\n")
+
+    async def read(self) -> bytes:
+        """The whole body, read under the call's bounds and its size cap."""
+        return b"".join([part async for part in self.iter_bytes()])
+
+    async def text(self) -> str:
+        """The whole body as text."""
+        return (await self.read()).decode(self._charset(), errors="replace")
+
+    async def json(self) -> Any:
+        """The whole body parsed as JSON."""
+        try:
+            return json.loads(await self.read())
+        except ValueError as e:
+            raise exc.InvalidRequestError(f"the body is not JSON: {e}") from None
+
+    def _open(self, method: str) -> Incoming:
+        if self._incoming is None:
+            raise RuntimeError(f"{method}() is only available inside `async with`")
+        return self._incoming
+
+    def _charset(self) -> str:
+        charset = httpx.Headers(self.headers).get("content-type", "")
+        for part in charset.split(";")[1:]:
+            name, _, value = part.strip().partition("=")
+            if name.lower() == "charset" and value:
+                try:
+                    return codecs.lookup(value.strip('"')).name
+                except LookupError:
+                    break
+        return "utf-8"
 
     async def __aexit__(
         self,

@@ -144,7 +144,10 @@ async def read_result(incoming: Incoming, cls: type[M]) -> M:
         # May run in a worker thread: no call stamps here (they read the event loop's clock).
         if not isinstance(data, dict):
             raise MalformedResponse(f"response body is JSON {type(data).__name__}, not object")
-        if "error" in data and "choices" not in data and "data" not in data:
+        # An error object in place of the answer; a Responses object carries its own
+        # "error" field, null when it succeeded (and "object": "response" either way).
+        answer = "choices" in data or "data" in data or data.get("object") == "response"
+        if "error" in data and not answer:
             return data
         return to_result(cls, data), data
 

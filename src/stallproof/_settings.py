@@ -115,6 +115,9 @@ class Settings:
             headers["openai-organization"] = organization
         if project:
             headers["openai-project"] = project
+        if default_headers is not None and not isinstance(default_headers, Mapping):
+            kind = type(default_headers).__name__
+            raise exc.InvalidRequestError(f"default_headers must be a mapping, got {kind}")
         for name in default_headers or {}:
             _refuse_framing(name, "default_headers")
         headers.update(default_headers or {})
@@ -289,9 +292,10 @@ def _encode_value(name: str, value: object) -> bytes:
     try:
         return value.encode("latin-1")
     except UnicodeEncodeError:
-        raise exc.InvalidRequestError(
-            f"header {name!r} has a character that cannot be sent in HTTP (value not shown)"
-        ) from None
+        pass  # raised below, outside the handler: the codec's error quotes the value
+    raise exc.InvalidRequestError(
+        f"header {name!r} has a character that cannot be sent in HTTP (value not shown)"
+    )
 
 
 def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:

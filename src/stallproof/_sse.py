@@ -52,6 +52,9 @@ class SSEDecoder:
         self._event = ""
         self._id: str | None = None
         self.comments = 0
+        #: A line was not UTF-8 (decoded with U+FFFD, as the spec says; a byte reader that
+        #: decodes strictly, as the SDKs do, would fail on it: see `ResponseBody`).
+        self.not_utf8 = False
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         """Decode ``chunk`` and return every event it completes.
@@ -121,8 +124,10 @@ class SSEDecoder:
             return self._dispatch()
         if raw[0] == 0x3A:  # ":" comment, the usual keep-alive
             self.comments += 1
+            if not raw.isascii():
+                self._decode(raw)
             return None
-        line = raw.decode("utf-8", errors="replace")
+        line = self._decode(raw)
         field, sep, value = line.partition(":")
         if sep and value.startswith(" "):
             value = value[1:]
@@ -138,3 +143,10 @@ class SSEDecoder:
             self._id = value
         # `retry:` and unknown fields are ignored, as the spec says.
         return None
+
+    def _decode(self, raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.not_utf8 = True
+            return raw.decode("utf-8", errors="replace")

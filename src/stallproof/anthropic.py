@@ -1,4 +1,4 @@
-"""`AsyncAnthropic`: the anthropic SDK's own client, made impossible to hang.
+"""`AsyncAnthropic` and `Anthropic`: the anthropic SDK's own clients, made impossible to hang.
 
 A subclass of ``anthropic.AsyncAnthropic`` (anthropic >= 2, which runs on httpx2 only):
 every resource, helper, type and error of the SDK works as before. Every request goes
@@ -14,6 +14,10 @@ Example:
     >>> from stallproof.anthropic import AsyncAnthropic
     >>> client = AsyncAnthropic(timeout=stallproof.Timeouts(total=60, idle=20))
 
+`Anthropic` is the same for ``anthropic.Anthropic``, the sync client: its requests run on
+stallproof's engine loop (a daemon thread, see docs/sync.md), the calling thread released
+when a bound fires.
+
 Needs ``pip install 'stallproof[anthropic]'``.
 """
 
@@ -27,20 +31,15 @@ import httpx2
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
 from ._faces._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
+from ._faces._sync_sdk import SyncFaceMixin
 from ._policies import Breaker, Pacer, Retry, RetryBudget
 
-__all__ = ["AsyncAnthropic"]
+__all__ = ["Anthropic", "AsyncAnthropic"]
 
 
-class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
-    """``anthropic.AsyncAnthropic`` with stallproof's engine under it.
-
-    Takes the same stallproof arguments as `stallproof.openai.AsyncOpenAI` (``timeout``,
-    ``retry`` or ``max_retries``, ``retry_budget``, ``breaker``, ``pacer``, ``limits``,
-    ``engine``, ``http_client`` from `stallproof.http_client2()` or your own
-    ``httpx2.AsyncClient``, kept, with the engine as its transport); every other argument is
-    ``anthropic.AsyncAnthropic``'s.
-    """
+class _AnthropicFace(FaceMixin):
+    """The constructor and SSE decoder `AsyncAnthropic` and `Anthropic` share; the SDK's client
+    class comes after this one in theirs (``super()`` is the SDK's)."""
 
     def __init__(
         self,
@@ -53,7 +52,7 @@ class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
         pacer: Pacer | Unset | None = UNSET,
         limits: Limits | Unset = UNSET,
         engine: Engine | None = None,
-        http_client: httpx2.AsyncClient | None = None,
+        http_client: httpx2.AsyncClient | httpx2.Client | None = None,
         _hardening: Hardening | None = None,
         **kwargs: Any,
     ) -> None:
@@ -74,8 +73,9 @@ class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
                 },
                 engine=engine,
                 allow_httpx=False,
+                sync=self._sync,
             )
-        super().__init__(
+        super().__init__(  # type: ignore[call-arg]  # the SDK's client, next in the MRO
             timeout=self._stallproof.sdk_timeout(),
             max_retries=0,
             http_client=http_client,
@@ -83,5 +83,26 @@ class AsyncAnthropic(FaceMixin, anthropic.AsyncAnthropic):
         )
 
     def _make_sse_decoder(self, *args: Any, **kwargs: Any) -> Any:
-        decoder = super()._make_sse_decoder(*args, **kwargs)
+        decoder = super()._make_sse_decoder(*args, **kwargs)  # type: ignore[misc]
         return TranslatingDecoder(decoder, anthropic.APITimeoutError, anthropic.APIConnectionError)
+
+
+class AsyncAnthropic(_AnthropicFace, anthropic.AsyncAnthropic):
+    """``anthropic.AsyncAnthropic`` with stallproof's engine under it.
+
+    Takes the same stallproof arguments as `stallproof.openai.AsyncOpenAI` (``timeout``,
+    ``retry`` or ``max_retries``, ``retry_budget``, ``breaker``, ``pacer``, ``limits``,
+    ``engine``, ``http_client`` from `stallproof.http_client2()` or your own
+    ``httpx2.AsyncClient``, kept, with the engine as its transport); every other argument is
+    ``anthropic.AsyncAnthropic``'s.
+    """
+
+
+class Anthropic(SyncFaceMixin, _AnthropicFace, anthropic.Anthropic):
+    """``anthropic.Anthropic`` (the sync client) with stallproof's engine under it.
+
+    Takes the arguments of `AsyncAnthropic`; ``http_client`` is one built by
+    `stallproof.sync_http_client2()`. Every call runs on stallproof's engine loop; the
+    calling thread is released with ``anthropic.APITimeoutError`` (the stallproof error as
+    its ``__cause__``) when a bound fires.
+    """

@@ -10,21 +10,23 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
+from ..support.clients import MakeClient
 from ..support.rawserver import RawRequest, always, response
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
 @pytest.mark.parametrize(
     "name", ["Content-Length", "content-length", "Host", "Transfer-Encoding", "Connection"]
 )
 async def test_extra_headers_may_not_frame_the_request(
-    name: str, raw_server: Any, make_client: Any
+    name: str, raw_server: Any, make_client: MakeClient
 ) -> None:
     srv = raw_server(always(response(200, b"{}")))
     client = make_client(srv.url)
@@ -51,11 +53,13 @@ async def test_a_port_out_of_range_through_a_transport_is_typed(lib: Any) -> Non
     assert isinstance(e.value, lib.LocalProtocolError)
 
 
-async def test_a_user_client_that_follows_redirects_gets_the_redirect_as_a_status(
-    raw_server: Any, make_client: Any
+@pytest.mark.parametrize("max_redirects", [0, 3])
+async def test_a_redirect_loop_through_a_user_client_that_follows_redirects_is_typed(
+    max_redirects: int, raw_server: Any, make_client: Any
 ) -> None:
-    """Redirects are never followed (a POST with a body, and a loop would be unbounded):
-    the 3xx comes back as a typed status error, not httpx.TooManyRedirects."""
+    """The engine follows redirects itself, up to ``max_redirects`` (0: none), and the
+    user's client (``follow_redirects=True``) never sees one: a loop ends in a typed
+    `TooManyRedirects`, not httpx.TooManyRedirects, after max_redirects + 1 requests."""
 
     def loop(request: RawRequest) -> bytes:
         return response(302, b"", {"location": request.target})
@@ -63,11 +67,15 @@ async def test_a_user_client_that_follows_redirects_gets_the_redirect_as_a_statu
     srv = raw_server(loop)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the once-per-process pool warning
-        client = make_client(srv.url, http_client=httpx.AsyncClient(follow_redirects=True))
-    with pytest.raises(stallproof.APIStatusError) as e:
+        client = make_client(
+            srv.url,
+            http_client=httpx.AsyncClient(follow_redirects=True),
+            limits=stallproof.Limits(max_redirects=max_redirects),
+        )
+    with pytest.raises(stallproof.TooManyRedirects) as e:
         await client.chat.completions.create(model="m", messages=MSGS)
-    assert e.value.status_code == 302 and e.value.stallproof_request_id
-    assert len(srv.requests) == 1
+    assert e.value.limit == max_redirects and e.value.stallproof_request_id
+    assert len(srv.requests) == max_redirects + 1
 
 
 @pytest.mark.parametrize("variable", ["ALL_PROXY", "all_proxy", "HTTPS_PROXY"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import tracemalloc
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -20,15 +19,17 @@ import httpx
 import httpx2
 import pytest
 import zstandard
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
-from ..support.clients import assert_pool_clean
+from ..support.clients import MakeClient, assert_pool_clean
+from ..support.memory import Peak
 from ..support.rawserver import always, response
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 CAP = 1024 * 1024
 LIMITS = stallproof.Limits(max_response_bytes=CAP, max_line_bytes=64 * 1024)
 MiB = 1024 * 1024
@@ -48,7 +49,7 @@ def _gzip(parts: Callable[[], Any], wbits: int = 31) -> bytes:
 
 def _brotli(parts: Callable[[], Any]) -> bytes:
     c = brotli.Compressor(quality=5)
-    return b"".join(c.process(p) for p in parts()) + c.finish()
+    return b"".join(c.process(p) for p in parts()) + bytes(c.finish())
 
 
 def _zstd(parts: Callable[[], Any]) -> bytes:
@@ -80,23 +81,9 @@ def bomb(encoding: str, filler: bytes = b"\0", mib: int = SIZE_MIB) -> bytes:
 ENCODINGS = ["gzip", "deflate", "br", "zstd", "gzip, gzip"]
 
 
-class Peak:
-    """Python heap growth while the block runs (tracemalloc), in bytes."""
-
-    def __enter__(self) -> Peak:
-        tracemalloc.start()
-        tracemalloc.reset_peak()
-        self.base = tracemalloc.get_traced_memory()[0]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.peak = tracemalloc.get_traced_memory()[1] - self.base
-        tracemalloc.stop()
-
-
 @pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_a_success_body_bomb_is_response_too_large(
-    encoding: str, raw_server: Any, make_client: Any
+    encoding: str, raw_server: Any, make_client: MakeClient
 ) -> None:
     body = bomb(encoding)
     srv = raw_server(always(response(200, body, {"content-encoding": encoding})))
@@ -110,7 +97,7 @@ async def test_a_success_body_bomb_is_response_too_large(
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_an_error_body_bomb_is_cut_at_the_error_cap(
-    encoding: str, raw_server: Any, make_client: Any
+    encoding: str, raw_server: Any, make_client: MakeClient
 ) -> None:
     body = bomb(encoding)
     srv = raw_server(always(response(500, body, {"content-encoding": encoding})))
@@ -136,7 +123,7 @@ def _sse_bomb() -> bytes:
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_a_stream_bomb_is_response_too_large(
-    encoding: str, raw_server: Any, make_client: Any
+    encoding: str, raw_server: Any, make_client: MakeClient
 ) -> None:
     headers = {"content-type": "text/event-stream", "content-encoding": encoding}
     srv = raw_server(always(response(200, bomb(encoding, b"\n"), headers)))
@@ -197,7 +184,7 @@ async def test_a_stream_bomb_through_a_transport(lib: Any, raw_server: Any) -> N
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_an_encoded_body_is_decoded_once(
-    encoding: str, lib: Any, raw_server: Any, make_client: Any
+    encoding: str, lib: Any, raw_server: Any, make_client: MakeClient
 ) -> None:
     """A small encoded answer works through Client and the transports alike."""
     answer = {
@@ -235,7 +222,7 @@ async def test_an_encoded_body_is_decoded_once(
     ],
 )
 async def test_bad_encodings_are_typed(
-    encoding: str, body: bytes, error: type[Exception], raw_server: Any, make_client: Any
+    encoding: str, body: bytes, error: type[Exception], raw_server: Any, make_client: MakeClient
 ) -> None:
     srv = raw_server(always(response(200, body, {"content-encoding": encoding})))
     client = make_client(srv.url, limits=LIMITS)
@@ -251,7 +238,7 @@ async def test_bad_encodings_are_typed(
     [("gzip", b"not gzip at all"), ("gzip", bomb("gzip")[:1000]), ("compress", b"x")],
 )
 async def test_an_error_body_that_does_not_decode_keeps_its_status(
-    encoding: str, body: bytes, raw_server: Any, make_client: Any
+    encoding: str, body: bytes, raw_server: Any, make_client: MakeClient
 ) -> None:
     srv = raw_server(always(response(503, body, {"content-encoding": encoding})))
     client = make_client(srv.url, limits=LIMITS)

@@ -12,16 +12,23 @@ from typing import Any
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 from stallproof import Timeouts
 
-from ..support.clients import assert_pool_clean, complete, hold_the_only_connection, warm
+from ..support.clients import (
+    MakeClient,
+    assert_pool_clean,
+    complete,
+    hold_the_only_connection,
+    warm,
+)
 from ..support.timing import MARGIN, stopwatch
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 # Loose bounds that should not fire; each case tightens the one it wants to see.
 LOOSE = Timeouts(connect=5, read=5, write=5, pool=5, first_token=5, idle=5, total=5)
 HOLD = 20  # the fault server keeps a stalled socket this long: far past every budget
@@ -103,10 +110,11 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 async def test_fault_ends_with_the_bound_that_fired(
-    case: Case, fault_server: Any, fault_scope: Any, make_client: Any
+    case: Case, fault_server: Any, fault_scope: Any, make_client: MakeClient
 ) -> None:
     # On a warm connection the request goes out as the stopwatch starts, so the stopwatch
     # measures first_token and read from the moment they start, as it does total.
+    assert issubclass(case.expect, stallproof.TimeoutException)  # CASES are all bounds
     client = make_client(fault_server.url())
     await warm(client)
     fault = fault_scope.headers(case.fault, hold=HOLD, **case.params)
@@ -154,7 +162,7 @@ FAST_CASES = [
 
 @pytest.mark.parametrize("case", FAST_CASES, ids=lambda c: c.id)
 async def test_broken_answers_fail_fast_with_a_typed_error(
-    case: Case, fault_server: Any, make_client: Any
+    case: Case, fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(case.fault, hold=HOLD, **case.params))
     with stopwatch() as elapsed, pytest.raises(case.expect) as info:
@@ -165,7 +173,7 @@ async def test_broken_answers_fail_fast_with_a_typed_error(
 
 
 async def test_status_error_carries_code_body_request_ids_and_retry_after(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url("status", code=503, retry_after=7))
     with pytest.raises(stallproof.InternalServerError) as info:
@@ -183,7 +191,7 @@ async def test_status_error_carries_code_body_request_ids_and_retry_after(
 
 
 async def test_never_accepting_listener_is_a_connect_timeout(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.blackhole_url)
     with stopwatch() as elapsed, pytest.raises(stallproof.ConnectTimeout) as info:
@@ -193,7 +201,7 @@ async def test_never_accepting_listener_is_a_connect_timeout(
 
 
 async def test_never_accepting_listener_is_cut_by_total(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.blackhole_url)
     with stopwatch() as elapsed, pytest.raises(stallproof.TotalTimeout) as info:
@@ -202,7 +210,7 @@ async def test_never_accepting_listener_is_cut_by_total(
     assert info.value.phase == "connecting"
 
 
-async def test_refused_connection_is_a_connect_error(make_client: Any) -> None:
+async def test_refused_connection_is_a_connect_error(make_client: MakeClient) -> None:
     with anyio.fail_after(5):
         # Port 1 on loopback: nothing listens there.
         client = make_client("http://127.0.0.1:1/v1")
@@ -211,11 +219,11 @@ async def test_refused_connection_is_a_connect_error(make_client: Any) -> None:
 
 
 async def test_a_peer_that_stops_reading_is_a_write_timeout(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url("half_open", hold=HOLD))
     # Far more than loopback's socket buffers hold, so the write must block.
-    big = [{"role": "user", "content": "x" * (48 * 1024 * 1024)}]
+    big: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x" * (48 * 1024 * 1024)}]
     # The write bound starts after the body is serialised and the connection made: what that
     # takes on this machine right now, measured the same way, is not part of the bound.
     with stopwatch() as prepare:
@@ -226,7 +234,7 @@ async def test_a_peer_that_stops_reading_is_a_write_timeout(
     assert info.value.phase == "sending"
 
 
-async def test_pool_wait_is_a_pool_timeout(fault_server: Any, make_client: Any) -> None:
+async def test_pool_wait_is_a_pool_timeout(fault_server: Any, make_client: MakeClient) -> None:
     client, holder = await hold_the_only_connection(make_client, fault_server)
     async with holder:
         with stopwatch() as elapsed, pytest.raises(stallproof.PoolTimeout) as info:
@@ -235,7 +243,7 @@ async def test_pool_wait_is_a_pool_timeout(fault_server: Any, make_client: Any) 
         assert info.value.phase == "pool wait"
 
 
-async def test_total_covers_a_long_pool_wait(fault_server: Any, make_client: Any) -> None:
+async def test_total_covers_a_long_pool_wait(fault_server: Any, make_client: MakeClient) -> None:
     client, holder = await hold_the_only_connection(make_client, fault_server)
     async with holder:
         with stopwatch() as elapsed, pytest.raises(stallproof.TotalTimeout):
@@ -244,7 +252,7 @@ async def test_total_covers_a_long_pool_wait(fault_server: Any, make_client: Any
 
 
 async def test_idle_is_not_reset_by_keepalives_after_content(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     # sse_stall delivers content, then goes silent; a read bound longer than idle proves
     # idle is what ends it, measured from the last content event.
@@ -262,7 +270,7 @@ async def test_idle_is_not_reset_by_keepalives_after_content(
 
 
 async def test_caller_time_between_chunks_does_not_count_as_idle(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url("healthy", tokens=4))
     stream = await client.chat.completions.create(
@@ -276,7 +284,7 @@ async def test_caller_time_between_chunks_does_not_count_as_idle(
 
 
 async def test_per_call_timeout_overrides_the_client_default(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url("half_open", hold=HOLD), timeout=30.0)
     with stopwatch() as elapsed, pytest.raises(stallproof.TotalTimeout) as info:
@@ -287,7 +295,7 @@ async def test_per_call_timeout_overrides_the_client_default(
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_size_caps_end_huge_answers_with_a_typed_error(
-    stream: bool, fault_server: Any, make_client: Any
+    stream: bool, fault_server: Any, make_client: MakeClient
 ) -> None:
     """A 16 MiB body or SSE line against 1 MiB caps: ResponseTooLarge, memory bounded."""
     client = make_client(
@@ -296,6 +304,7 @@ async def test_size_caps_end_huge_answers_with_a_typed_error(
     )
     with stopwatch() as elapsed, pytest.raises(stallproof.ResponseTooLarge) as info:
         s = await client.chat.completions.create(model="m", messages=MSGS, stream=stream)
+        assert isinstance(s, stallproof.AsyncStream)  # a plain answer raised above
         async for _ in s:
             pass
     assert info.value.limit == (64 * 1024 if stream else 1024 * 1024)

@@ -6,12 +6,15 @@ from typing import Any
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
+from ..support.clients import MakeClient
+
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 def fault(spec: str, key: str) -> dict[str, str]:
@@ -27,7 +30,7 @@ async def _fail_calls(client: stallproof.Client, n: int, key: str) -> None:
 
 
 async def test_open_circuit_fails_fast_without_touching_the_server(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(
         fault_server.url(), breaker=stallproof.Breaker(fail_max=3, reset_timeout=30)
@@ -50,7 +53,7 @@ async def test_open_circuit_fails_fast_without_touching_the_server(
 
 
 async def test_after_the_open_time_exactly_one_probe_reaches_the_server(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(
         fault_server.url(), breaker=stallproof.Breaker(fail_max=2, reset_timeout=0.5)
@@ -82,7 +85,9 @@ async def test_after_the_open_time_exactly_one_probe_reaches_the_server(
     await client.chat.completions.create(model="m", messages=MSGS)
 
 
-async def test_cancelling_calls_does_not_open_it(fault_server: Any, make_client: Any) -> None:
+async def test_cancelling_calls_does_not_open_it(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client = make_client(
         fault_server.url("half_open", hold=10), breaker=stallproof.Breaker(fail_max=2)
     )
@@ -94,7 +99,7 @@ async def test_cancelling_calls_does_not_open_it(fault_server: Any, make_client:
 
 
 async def test_total_deadline_on_a_stalled_server_counts_as_a_failure(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(
         fault_server.url("half_open", hold=10), breaker=stallproof.Breaker(fail_max=2)
@@ -107,7 +112,7 @@ async def test_total_deadline_on_a_stalled_server_counts_as_a_failure(
 
 
 async def test_429_retry_after_holds_the_circuit_open(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), breaker=stallproof.Breaker(fail_max=5))
     with pytest.raises(stallproof.RateLimitError):
@@ -122,7 +127,7 @@ async def test_429_retry_after_holds_the_circuit_open(
 
 
 async def test_circuits_can_be_per_model(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), breaker=stallproof.Breaker(fail_max=1, per_model=True))
     with pytest.raises(stallproof.InternalServerError):
@@ -138,7 +143,7 @@ async def test_circuits_can_be_per_model(
 
 
 async def test_retries_stop_at_an_open_circuit(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(
         fault_server.url(),

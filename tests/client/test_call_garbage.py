@@ -24,6 +24,8 @@ from stallproof._call import Call
 from stallproof._callscope import CallScope
 from stallproof._telemetry import CallTelemetry
 
+from ..support.clients import MakeClient
+
 pytestmark = pytest.mark.anyio
 
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -52,7 +54,9 @@ def _engine_garbage() -> list[str]:
             if isinstance(obj, _OURS):
                 found.append(type(obj).__name__)
             elif isinstance(obj, types.FrameType) and obj.f_code.co_filename.endswith(_OUR_MODULES):
-                found.append(f"frame {obj.f_code.co_qualname}")
+                # co_qualname is 3.11+; 3.10 (which we support) has only co_name.
+                code = obj.f_code
+                found.append(f"frame {getattr(code, 'co_qualname', code.co_name)}")
         return found
     finally:
         gc.set_debug(0)
@@ -72,7 +76,7 @@ async def _calls_without_gc(client: stallproof.Client, n: int, error: type[Excep
 
 
 async def test_a_call_ended_by_its_deadline_leaves_no_cycle(
-    make_client: Any, black_hole: str
+    make_client: MakeClient, black_hole: str
 ) -> None:
     # The default Retry: a TotalTimeout is not retried, so the first attempt's own path.
     client = make_client(

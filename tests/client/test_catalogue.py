@@ -15,7 +15,7 @@ import pytest
 import fault_server
 import stallproof
 
-from ..support.clients import assert_pool_clean, warm
+from ..support.clients import MakeClient, assert_pool_clean, warm
 from ..support.sdk_catalogue import BUDGET, LIMITS, OK, PARAMS, TOOL_FAULTS, TOOLS
 from ..support.timing import MARGIN, stopwatch
 
@@ -79,7 +79,7 @@ def test_every_request_fault_has_a_pinned_outcome() -> None:
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("fault", sorted(EXPECTED))
 async def test_client_against_the_catalogue(
-    fault: str, stream: bool, fault_server: Any, fault_scope: Any, make_client: Any
+    fault: str, stream: bool, fault_server: Any, fault_scope: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), timeout=BUDGET, limits=LIMITS)
     # On a warm connection the request goes out as the stopwatch starts: first_token, which
@@ -95,6 +95,7 @@ async def test_client_against_the_catalogue(
                 model="m", messages=[{"role": "user", "content": "hi"}], stream=stream, **extra
             )
             if stream:
+                assert isinstance(r, stallproof.AsyncStream)
                 async for _ in r:
                     pass
         except stallproof.StallproofError as e:

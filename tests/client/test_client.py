@@ -8,17 +8,22 @@ from typing import Any
 
 import openai
 import pytest
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageParam,
+)
 
 import stallproof
 
-from ..support.clients import spying_client
+from ..support.clients import MakeClient, spying_client
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 KEY = "sk-test-SECRET-0123456789"
-TOOLS = [
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -30,7 +35,7 @@ TOOLS = [
 ]
 
 
-async def test_non_stream_round_trip(fault_server: Any, make_client: Any) -> None:
+async def test_non_stream_round_trip(fault_server: Any, make_client: MakeClient) -> None:
     client = make_client(fault_server.url())
     resp = await client.chat.completions.create(model="m-1", messages=MSGS, temperature=0.2)
     assert type(resp) is ChatCompletion
@@ -39,11 +44,12 @@ async def test_non_stream_round_trip(fault_server: Any, make_client: Any) -> Non
     assert choice.message.role == "assistant"
     assert isinstance(choice.message.content, str) and choice.message.content
     assert choice.finish_reason == "stop"
+    assert resp.usage is not None
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
     assert resp.model_dump(exclude_none=True)["id"] == resp.id
 
 
-async def test_stream_round_trip_with_usage(fault_server: Any, make_client: Any) -> None:
+async def test_stream_round_trip_with_usage(fault_server: Any, make_client: MakeClient) -> None:
     client = make_client(fault_server.url())
     stream = await client.chat.completions.create(
         model="m", messages=MSGS, stream=True, stream_options={"include_usage": True}
@@ -61,12 +67,14 @@ async def test_stream_round_trip_with_usage(fault_server: Any, make_client: Any)
     assert stream.server_request_id
 
 
-async def test_tool_calls_non_stream_and_stream(fault_server: Any, make_client: Any) -> None:
+async def test_tool_calls_non_stream_and_stream(fault_server: Any, make_client: MakeClient) -> None:
     client = make_client(fault_server.url())
     resp = await client.chat.completions.create(
         model="m", messages=MSGS, tools=TOOLS, tool_choice="auto"
     )
+    assert resp.choices[0].message.tool_calls
     call = resp.choices[0].message.tool_calls[0]
+    assert call.type == "function"
     assert call.function.name == "save_file"
     json.loads(call.function.arguments)
     assert resp.choices[0].finish_reason == "tool_calls"
@@ -78,6 +86,7 @@ async def test_tool_calls_non_stream_and_stream(fault_server: Any, make_client: 
     async for chunk in stream:
         for c in chunk.choices:
             for tc in c.delta.tool_calls or ():
+                assert tc.function is not None
                 name += tc.function.name or ""
                 args += tc.function.arguments or ""
     assert name == "save_file"
@@ -96,10 +105,13 @@ async def test_client_reads_openai_environment(
         assert resp.choices
 
 
-async def test_arguments_and_extra_body_reach_the_wire(fault_server: Any, make_client: Any) -> None:
+async def test_arguments_and_extra_body_reach_the_wire(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     # The fault server echoes nothing of the body, so look at what goes on the wire.
     client, sent = spying_client(make_client, fault_server.url())
-    await client.chat.completions.create(
+    # NOT_GIVEN / omit for temperature and top_p: accepted at run time only (docs/migrating.md).
+    await client.chat.completions.create(  # type: ignore[call-overload]
         model="m",
         messages=MSGS,
         max_tokens=16,
@@ -117,12 +129,14 @@ async def test_arguments_and_extra_body_reach_the_wire(fault_server: Any, make_c
     assert "stream" not in body and "temperature" not in body and "top_p" not in body
 
 
-async def test_a_typo_is_a_type_error_as_in_openai(fault_server: Any, make_client: Any) -> None:
+async def test_a_typo_is_a_type_error_as_in_openai(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client = make_client(fault_server.url())
     with pytest.raises(TypeError, match="unexpected keyword argument 'max_token'"):
-        await client.chat.completions.create(model="m", messages=MSGS, max_token=2)
+        await client.chat.completions.create(model="m", messages=MSGS, max_token=2)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="missing required keyword argument: 'model'"):
-        await client.chat.completions.create(messages=MSGS)
+        await client.chat.completions.create(messages=MSGS)  # type: ignore[call-overload]
     oa = openai.AsyncOpenAI(base_url=fault_server.url(), api_key="k")
     try:
         with pytest.raises(TypeError):  # what openai does with the same typo
@@ -152,7 +166,7 @@ async def test_a_typo_is_a_type_error_as_in_openai(fault_server: Any, make_clien
     ],
 )
 async def test_bad_input_is_a_clear_typed_error(
-    kwargs: dict[str, Any], match: str, fault_server: Any, make_client: Any
+    kwargs: dict[str, Any], match: str, fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url())
     with pytest.raises(stallproof.InvalidRequestError, match=match):
@@ -166,7 +180,7 @@ def test_bad_base_url_is_rejected(base_url: str) -> None:
 
 
 async def test_api_key_never_appears_in_repr_errors_or_logs(
-    fault_server: Any, make_client: Any, caplog: pytest.LogCaptureFixture
+    fault_server: Any, make_client: MakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     client = make_client(fault_server.url("status", code=401), api_key=KEY)
@@ -184,10 +198,12 @@ async def test_api_key_never_appears_in_repr_errors_or_logs(
         assert "SECRET" not in text
 
 
-async def test_openai_not_given_sentinels_are_dropped(fault_server: Any, make_client: Any) -> None:
-    openai = pytest.importorskip("openai")
+async def test_openai_not_given_sentinels_are_dropped(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client = make_client(fault_server.url())
-    resp = await client.chat.completions.create(
+    # openai's params type takes no NotGiven (docs/migrating.md): accepted at run time only.
+    resp = await client.chat.completions.create(  # type: ignore[call-overload]
         model="m", messages=MSGS, temperature=openai.NOT_GIVEN
     )
     assert resp.choices
@@ -195,13 +211,12 @@ async def test_openai_not_given_sentinels_are_dropped(fault_server: Any, make_cl
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the SDK is not ours to test on trio
 async def test_openai_sdk_and_stallproof_read_the_same_answer(fault_server: Any) -> None:
-    openai = pytest.importorskip("openai")
     async with openai.AsyncOpenAI(base_url=fault_server.url(), api_key="x", max_retries=0) as oa:
-        theirs = await oa.chat.completions.create(model="m", messages=MSGS)  # type: ignore[arg-type]
+        theirs = await oa.chat.completions.create(model="m", messages=MSGS)
         their_stream = await oa.chat.completions.create(
             model="m",
             messages=MSGS,
-            stream=True,  # type: ignore[arg-type]
+            stream=True,
         )
         their_text = "".join(
             [c.choices[0].delta.content or "" async for c in their_stream if c.choices]
@@ -213,5 +228,6 @@ async def test_openai_sdk_and_stallproof_read_the_same_answer(fault_server: Any)
             [c.choices[0].delta.content or "" async for c in our_stream if c.choices]
         )
     assert ours.choices[0].message.content == theirs.choices[0].message.content
+    assert ours.usage is not None and theirs.usage is not None
     assert ours.usage.total_tokens == theirs.usage.total_tokens
     assert our_text == their_text and our_text

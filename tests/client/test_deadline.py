@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
+from ..support.clients import MakeClient
 from ..support.timing import MARGIN, stopwatch
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 HOLD = 20
 
 
-async def test_a_scope_clips_every_call_inside_it(fault_server: Any, make_client: Any) -> None:
+async def test_a_scope_clips_every_call_inside_it(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client = make_client(fault_server.url(), timeout=30)
     slow = fault_server.url("half_open", hold=HOLD)
     stalled = make_client(slow, timeout=30)
@@ -48,7 +53,7 @@ async def test_the_scope_cancels_what_is_not_a_call() -> None:
     assert info.value.scope == "deadline(0.3s)"
 
 
-async def test_nested_scopes_take_the_earliest(fault_server: Any, make_client: Any) -> None:
+async def test_nested_scopes_take_the_earliest(fault_server: Any, make_client: MakeClient) -> None:
     stalled = make_client(fault_server.url("half_open", hold=HOLD), timeout=30)
     with (
         pytest.raises(stallproof.DeadlineExceeded) as info,
@@ -66,7 +71,9 @@ async def test_nested_scopes_take_the_earliest(fault_server: Any, make_client: A
     assert info.value.scope == "inner"
 
 
-async def test_a_calls_own_total_still_applies_inside(fault_server: Any, make_client: Any) -> None:
+async def test_a_calls_own_total_still_applies_inside(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     stalled = make_client(fault_server.url("half_open", hold=HOLD), timeout=0.3)
     with stallproof.deadline(10), pytest.raises(stallproof.TotalTimeout) as info:
         await stalled.chat.completions.create(model="m", messages=MSGS)
@@ -74,7 +81,7 @@ async def test_a_calls_own_total_still_applies_inside(fault_server: Any, make_cl
 
 
 async def test_an_expired_scope_fails_a_call_before_it_is_sent(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), timeout=30)
     with pytest.raises(stallproof.DeadlineExceeded), stallproof.deadline(0.2):
@@ -102,3 +109,55 @@ async def test_the_scope_bounds_a_transport(fault_server: Any) -> None:
 def test_bad_budgets_are_refused(bad: Any) -> None:
     with pytest.raises(stallproof.InvalidRequestError, match="deadline"), stallproof.deadline(bad):
         pass
+
+
+# -- the sync form, and the two forms nested -----------------------------------------------
+
+
+def test_the_sync_form_needs_no_event_loop_and_nests() -> None:
+    from stallproof._deadline import current_deadline
+
+    assert current_deadline() is None
+    with stallproof.deadline(5, name="outer") as outer:
+        assert current_deadline() is outer
+        with stallproof.deadline(10, name="later"):
+            active = current_deadline()
+            assert active is not None and active.name == "outer"  # the earliest wins
+        with stallproof.deadline(0.5, name="sooner") as sooner:
+            assert current_deadline() is sooner
+        assert current_deadline() is outer
+    assert current_deadline() is None
+
+
+def test_the_sync_form_raises_nothing_of_its_own_when_its_block_ends_late() -> None:
+    # Nothing in sync code can be interrupted: the calls inside raise, the block does not.
+    with stallproof.deadline(0.01):
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_sync_deadline_reaches_async_code_on_its_clock(backend: str) -> None:
+    from stallproof._clock import loop_clock
+    from stallproof._deadline import current_deadline
+
+    async def inside() -> None:
+        active = current_deadline()
+        assert active is not None and active.name == "sync"
+        clock = loop_clock()
+        # On another clock (trio's starts anywhere): the same instant, by the time left.
+        assert abs(active.when_on(clock) - (clock() + 2.0)) < 0.2
+        with stallproof.deadline(30) as later:
+            assert later is active  # the sync one is earlier: it stays in force
+        with stallproof.deadline(0.5, name="async") as sooner:
+            assert sooner is not active and current_deadline() is sooner
+
+    with stallproof.deadline(2.0, name="sync"):
+        anyio.run(inside, backend=backend)
+
+
+async def test_an_async_deadline_keeps_its_own_clock(fault_server: Any) -> None:
+    from stallproof._clock import loop_clock
+
+    with stallproof.deadline(3) as scope:
+        # On its own loop's clock it is read as set (a MockClock's virtual time included).
+        assert scope.when_on(loop_clock()) == scope.when

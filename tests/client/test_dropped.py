@@ -13,14 +13,15 @@ from typing import Any
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
-from ..support.clients import assert_pool_clean
+from ..support.clients import MakeClient, assert_pool_clean
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 HOLD = 20
 
 
@@ -35,7 +36,7 @@ async def _drop(make: Any) -> None:
 
 
 async def test_a_dropped_client_stream_returns_its_permit_and_entry(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     pacer = stallproof.Pacer(max_concurrent=1)
     client = make_client(fault_server.url("sse_stall", after=1, hold=HOLD), pacer=pacer)
@@ -62,6 +63,8 @@ async def test_a_dropped_transport_stream_returns_its_entry(fault_server: Any) -
 
         with pytest.warns(ResourceWarning, match="never closed"):
             await _drop(make)
-        assert client._transport.inflight() == ()
+        transport = client._transport
+        assert isinstance(transport, stallproof.AsyncTransport)
+        assert transport.inflight() == ()
         await anyio.sleep(0.2)  # the connection is closed on the loop, after the finaliser
-        assert client._transport.engine.pool.stats().nothing_held
+        assert transport.engine.pool.stats().nothing_held

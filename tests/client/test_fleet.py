@@ -16,18 +16,21 @@ from typing import Any, NamedTuple
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
 import stallproof
 
+from ..support.clients import MakeClient, pacer_state
 from ..support.fleet import FleetWorkers, RedisServer, healthy_state, settled, silent_listener
+from ..support.otel import points
 from ..support.timing import MARGIN, stopwatch
 
 # Worker processes and a real redis-server: seconds each, so out of `make test-quick`.
 pytestmark = pytest.mark.slow
 
-MSGS = [{"role": "user", "content": "hello"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 def _job(base_url: str, redis: RedisServer, prefix: str, **kw: Any) -> dict[str, Any]:
@@ -45,7 +48,7 @@ async def _until_redis(client: Any, within: float = 5.0) -> None:
     with anyio.fail_after(within):
         while True:
             await client.chat.completions.create(model="m", messages=MSGS)
-            if client.pacer_state().shared == "redis":
+            if pacer_state(client).shared == "redis":
                 return
             await anyio.sleep(0.05)
 
@@ -87,8 +90,8 @@ def _metric(reader: InMemoryMetricReader, name: str) -> dict[str, int]:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 if m.name == name:
-                    for p in m.data.data_points:
-                        label = str(next(iter(p.attributes.values()), ""))
+                    for p in points(m, NumberDataPoint):
+                        label = str(next(iter((p.attributes or {}).values()), ""))
                         out[label] = out.get(label, 0) + int(p.value)
     return out
 
@@ -251,7 +254,7 @@ def test_fairness_between_agents_holds_across_processes(
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.anyio
 async def test_a_killed_workers_leases_return_within_their_ttl(
-    fleet: Fleet, make_client: Any, anyio_backend: str
+    fleet: Fleet, make_client: MakeClient, anyio_backend: str
 ) -> None:
     fault_server, fault_key, redis_server, redis_prefix, fleet_workers = fleet
     ttl = 2.0
@@ -283,13 +286,13 @@ async def test_a_killed_workers_leases_return_within_their_ttl(
     # grant, plus the worker's op_timeout), not later.
     await client.chat.completions.create(model="m", messages=MSGS, timeout=10.0)
     assert anyio.current_time() - killed_at < ttl + 0.3 + 0.3 + MARGIN
-    assert client.pacer_state().shared == "redis"
+    assert pacer_state(client).shared == "redis"
 
 
 # -- Redis trouble -------------------------------------------------------------------------
 
 
-def _shared_client(make_client: Any, base_url: str, url: str, prefix: str, **kw: Any) -> Any:
+def _shared_client(make_client: MakeClient, base_url: str, url: str, prefix: str, **kw: Any) -> Any:
     shared = stallproof.RedisState(url, prefix=prefix, op_timeout=0.1, **kw)
     reader = InMemoryMetricReader()
     client = make_client(
@@ -306,7 +309,7 @@ def _shared_client(make_client: Any, base_url: str, url: str, prefix: str, **kw:
 @pytest.mark.anyio
 async def test_a_stalled_redis_costs_a_call_at_most_op_timeout_then_nothing(
     fault_server: Any,
-    make_client: Any,
+    make_client: MakeClient,
     redis_prefix: str,
     caplog: pytest.LogCaptureFixture,
     stall: str,
@@ -340,7 +343,7 @@ async def test_a_stalled_redis_costs_a_call_at_most_op_timeout_then_nothing(
         assert t[0] < 3 * 0.05 + MARGIN
     # While it waited for its answer, inflight() said where its limits came from.
     assert seen[-1].shared == "local (no answer within op_timeout=0.1s)"
-    assert client.pacer_state().shared.startswith("local (")
+    assert (pacer_state(client).shared or "").startswith("local (")
     lines = [r.getMessage() for r in caplog.records if "fleet state on Redis" in r.getMessage()]
     # One for the client (its pacer and breaker share the RedisState), not one per call.
     assert len(lines) == 1
@@ -355,7 +358,7 @@ async def test_redis_killed_and_restarted_mid_run_falls_back_then_resynchronises
     fault_server: Any,
     own_redis: RedisServer,
     redis_prefix: str,
-    make_client: Any,
+    make_client: MakeClient,
     caplog: pytest.LogCaptureFixture,
     anyio_backend: str,
 ) -> None:
@@ -364,13 +367,13 @@ async def test_redis_killed_and_restarted_mid_run_falls_back_then_resynchronises
         make_client, fault_server.url(), own_redis.url, redis_prefix, retry_interval=0.3
     )
     await client.chat.completions.create(model="m", messages=MSGS)
-    assert client.pacer_state().shared == "redis"
+    assert pacer_state(client).shared == "redis"
     own_redis.kill()
     with stopwatch() as t:
         for _ in range(5):  # every call still goes, on time, on local state
             await client.chat.completions.create(model="m", messages=MSGS, timeout=2)
     assert t[0] < 5 * 0.05 + 0.1 + MARGIN
-    assert client.pacer_state().shared.startswith("local (")
+    assert (pacer_state(client).shared or "").startswith("local (")
     own_redis.start()
     await anyio.sleep(0.35)  # retry_interval
     await _until_redis(client)
@@ -384,7 +387,11 @@ async def test_redis_killed_and_restarted_mid_run_falls_back_then_resynchronises
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.anyio
 async def test_fail_closed_refuses_at_once_without_sending(
-    fault_server: Any, fault_key: str, make_client: Any, redis_prefix: str, anyio_backend: str
+    fault_server: Any,
+    fault_key: str,
+    make_client: MakeClient,
+    redis_prefix: str,
+    anyio_backend: str,
 ) -> None:
     with silent_listener() as silent:
         client, _ = _shared_client(
@@ -401,7 +408,7 @@ async def test_fail_closed_refuses_at_once_without_sending(
             assert "op_timeout" in info.value.reason
             assert info.value.stallproof_request_id is not None
     assert _requests(fault_server, fault_key) == []
-    assert client.pacer_state().in_use == 0
+    assert pacer_state(client).in_use == 0
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
@@ -410,7 +417,7 @@ async def test_on_trio_calls_run_on_local_state(
     fault_server: Any,
     redis_server: RedisServer,
     redis_prefix: str,
-    make_client: Any,
+    make_client: MakeClient,
     caplog: pytest.LogCaptureFixture,
     anyio_backend: str,
 ) -> None:
@@ -419,7 +426,7 @@ async def test_on_trio_calls_run_on_local_state(
     for _ in range(3):
         await client.chat.completions.create(model="m", messages=MSGS)
     assert (
-        client.pacer_state().shared
+        pacer_state(client).shared
         == "local (redis-py runs on asyncio only; this loop is not asyncio)"
     )
     assert sum("asyncio only" in r.getMessage() for r in caplog.records) == 1
@@ -447,7 +454,7 @@ async def test_an_overload_seen_by_one_process_shrinks_the_fleets_limit(
     fault_key: str,
     redis_server: RedisServer,
     redis_prefix: str,
-    make_client: Any,
+    make_client: MakeClient,
     anyio_backend: str,
 ) -> None:
     # Two clients with their own in-process state, as two workers have: a 429 that one of
@@ -518,7 +525,7 @@ async def test_tokens_per_minute_is_the_fleets(
     fault_key: str,
     redis_server: RedisServer,
     redis_prefix: str,
-    make_client: Any,
+    make_client: MakeClient,
     anyio_backend: str,
 ) -> None:
     shared = healthy_state(redis_server.url, redis_prefix)
@@ -551,7 +558,11 @@ async def test_tokens_per_minute_is_the_fleets(
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.anyio
 async def test_a_caller_cancelled_during_a_redis_operation_leaves_nothing_behind(
-    fault_server: Any, fault_key: str, make_client: Any, redis_prefix: str, anyio_backend: str
+    fault_server: Any,
+    fault_key: str,
+    make_client: MakeClient,
+    redis_prefix: str,
+    anyio_backend: str,
 ) -> None:
     with silent_listener() as silent:
         shared = stallproof.RedisState(silent, prefix=redis_prefix, op_timeout=5.0)
@@ -563,8 +574,9 @@ async def test_a_caller_cancelled_during_a_redis_operation_leaves_nothing_behind
             await client.chat.completions.create(model="m", messages=MSGS, timeout=30)
         assert t[0] < 0.2 + MARGIN
         await settled(client)  # the cancelled operation's task unwinds
-        assert client.pacer_state().in_use == 0
+        assert pacer_state(client).in_use == 0
         assert client.inflight() == ()
+        assert client._engine._pacing is not None and client._engine._pacing._fleet is not None
         assert client._engine._pacing._fleet.store._tasks == set()
     assert _requests(fault_server, fault_key) == []
 
@@ -575,7 +587,7 @@ async def test_redis_stalled_mid_run_costs_no_call_its_budget_and_resynchronises
     fault_server: Any,
     own_redis: RedisServer,
     redis_prefix: str,
-    make_client: Any,
+    make_client: MakeClient,
     anyio_backend: str,
 ) -> None:
     client, reader = _shared_client(
@@ -590,7 +602,7 @@ async def test_redis_stalled_mid_run_costs_no_call_its_budget_and_resynchronises
         # One operation waits out op_timeout; then none until retry_interval has passed,
         # and again at most one.
         assert t[0] < 2 * 0.1 + 5 * 0.05 + MARGIN
-        assert client.pacer_state().shared == "local (no answer within op_timeout=0.1s)"
+        assert pacer_state(client).shared == "local (no answer within op_timeout=0.1s)"
     finally:
         own_redis.resume()
     await anyio.sleep(0.35)  # retry_interval
@@ -601,10 +613,10 @@ async def test_redis_stalled_mid_run_costs_no_call_its_budget_and_resynchronises
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.anyio
 async def test_a_killed_workers_probe_frees_the_fleets_probe_slot_at_its_deadline(
-    fleet: Fleet, make_client: Any, anyio_backend: str
+    fleet: Fleet, make_client: MakeClient, anyio_backend: str
 ) -> None:
     fault_server, fault_key, redis_server, redis_prefix, fleet_workers = fleet
-    breaker = {"fail_max": 1, "reset_timeout": 0.5}
+    breaker: dict[str, Any] = {"fail_max": 1, "reset_timeout": 0.5}
     shared = healthy_state(redis_server.url, redis_prefix)
     client = make_client(fault_server.url(), breaker=stallproof.Breaker(**breaker, shared=shared))
     with pytest.raises(stallproof.InternalServerError):

@@ -21,7 +21,7 @@ import httpcore2
 import pytest
 
 import stallproof
-from stallproof._wire._h1 import MAX_HEAD_BYTES, H1Connection
+from stallproof._wire._h1 import MAX_HEAD_BYTES, H1Body, H1Connection
 from stallproof._wire._messages import new_request, new_response
 from stallproof._wire._pool import Pool, PoolStats, open_pool
 
@@ -242,7 +242,7 @@ def test_messages_are_built_as_httpcore2_builds_them() -> None:
     # `new_request`/`new_response` set httpcore2's attributes directly: a new attribute in
     # a later httpcore2 must show up here, not as an AttributeError deep in a call.
     stream = [b"x"]
-    ext = {"timeout": {}}
+    ext: dict[str, Any] = {"timeout": {}}
     mine = new_request(b"POST", b"http", b"h", 8, b"/p", [(b"a", b"b")], b"x", ext)
     theirs = httpcore2.Request(
         b"POST",
@@ -272,6 +272,7 @@ async def test_a_stream_read_is_bounded_by_a_loop_timer(raw_server: Any) -> None
     pool = Pool(stallproof.Limits())
     resp = await pool.send(request(srv.url))
     body = resp.stream.__aiter__()  # type: ignore[union-attr]
+    assert isinstance(body, H1Body)
     loop_now = asyncio.get_running_loop().time
     assert await body.read_before(loop_now() + 5) == b"start"
     with stopwatch() as t, pytest.raises(TimeoutError):

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry import trace
 from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 from opentelemetry.sdk.metrics import MeterProvider
@@ -31,12 +32,12 @@ from opentelemetry.semconv.attributes import server_attributes as SA
 import stallproof
 from stallproof._telemetry import infer_provider
 
-from ..support.clients import KEY
+from ..support.clients import KEY, MakeClient
 from ..support.timing import MARGIN
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 # The conventions' advice for gen_ai.client.operation.duration (seconds) and for
 # gen_ai.client.token.usage: values, not names, so written out as the spec gives them.
 DURATION_ADVICE = (
@@ -90,7 +91,7 @@ def _metrics(reader: InMemoryMetricReader) -> dict[str, Any]:
 
 
 async def test_span_attributes_use_the_conventions_names(
-    fault_server: Any, make_client: Any, spans: Any
+    fault_server: Any, make_client: MakeClient, spans: Any
 ) -> None:
     provider, exporter = spans
     client = make_client(fault_server.url(), tracer_provider=provider)
@@ -116,6 +117,7 @@ async def test_span_attributes_use_the_conventions_names(
     assert "stallproof.agent" not in a
     assert a[GA.GEN_AI_RESPONSE_ID] == resp.id
     assert a[GA.GEN_AI_RESPONSE_MODEL] == resp.model
+    assert resp.usage is not None
     assert a[GA.GEN_AI_USAGE_INPUT_TOKENS] == resp.usage.prompt_tokens
     assert a[GA.GEN_AI_USAGE_OUTPUT_TOKENS] == resp.usage.completion_tokens
     # The fault server answers as OpenAI does: details objects, tier and fingerprint.
@@ -126,7 +128,9 @@ async def test_span_attributes_use_the_conventions_names(
     assert a[SA.SERVER_ADDRESS] == "127.0.0.1" and isinstance(a[SA.SERVER_PORT], int)
 
 
-async def test_metrics_names_buckets_and_attributes(fault_server: Any, make_client: Any) -> None:
+async def test_metrics_names_buckets_and_attributes(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     reader = InMemoryMetricReader()
     client = make_client(
         fault_server.url("healthy", tokens=5), meter_provider=MeterProvider(metric_readers=[reader])
@@ -155,6 +159,7 @@ async def test_metrics_names_buckets_and_attributes(fault_server: Any, make_clie
     usage = m[GM.GEN_AI_CLIENT_TOKEN_USAGE]
     by_type = {dict(p.attributes)[GA.GEN_AI_TOKEN_TYPE]: p for p in usage.data.data_points}
     assert set(by_type) == {"input", "output"}
+    assert resp.usage is not None
     assert by_type["input"].sum == resp.usage.prompt_tokens  # only the non-stream call reports
     assert by_type["output"].sum == resp.usage.completion_tokens
     assert all(tuple(p.explicit_bounds) == TOKEN_ADVICE for p in by_type.values())
@@ -169,7 +174,7 @@ async def test_metrics_names_buckets_and_attributes(fault_server: Any, make_clie
 
 
 async def test_error_type_names_the_bound_even_for_a_cancelled_attempt(
-    fault_server: Any, fault_key: str, make_client: Any, spans: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient, spans: Any
 ) -> None:
     """An attempt cut off by the total deadline reports the timeout, not CancelledError."""
     provider, exporter = spans
@@ -200,7 +205,7 @@ async def test_error_type_names_the_bound_even_for_a_cancelled_attempt(
 
 
 async def test_deadline_scope_names_itself_in_error_type(
-    fault_server: Any, make_client: Any, spans: Any
+    fault_server: Any, make_client: MakeClient, spans: Any
 ) -> None:
     provider, exporter = spans
     client = make_client(fault_server.url("half_open"), tracer_provider=provider)
@@ -228,7 +233,9 @@ def test_provider_is_inferred_only_from_well_known_hosts() -> None:
     assert infer_provider("evil-api.openai.com.attacker.net") == "openai"  # by API, not host
 
 
-async def test_explicit_provider_name_wins(fault_server: Any, make_client: Any, spans: Any) -> None:
+async def test_explicit_provider_name_wins(
+    fault_server: Any, make_client: MakeClient, spans: Any
+) -> None:
     provider, exporter = spans
     client = make_client(fault_server.url(), tracer_provider=provider, provider_name="vllm")
     await client.chat.completions.create(model="m", messages=MSGS)
@@ -319,7 +326,7 @@ def _check_one_trace(
 
 
 async def test_one_trace_with_httpx_instrumentation(
-    recorder: Any, spans: Any, httpx_instrumented: None, make_client: Any
+    recorder: Any, spans: Any, httpx_instrumented: None, make_client: MakeClient
 ) -> None:
     """Native client, a caller's httpx client under it, and the bare transport: each
     call one chat span and one POST span, in the caller's trace, the wire naming ours."""

@@ -6,18 +6,20 @@ from typing import Any
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
+from ..support.clients import MakeClient, pacer_state
 from ..support.timing import MARGIN, stopwatch
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 async def test_concurrency_limit_holds_at_the_server(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), pacer=stallproof.Pacer(max_concurrent=3))
     peak = 0
@@ -34,7 +36,7 @@ async def test_concurrency_limit_holds_at_the_server(
     async def watch() -> None:
         nonlocal peak
         while True:
-            state = client.pacer_state()
+            state = pacer_state(client)
             peak = max(peak, state.in_use)
             await anyio.sleep(0.01)
 
@@ -50,12 +52,12 @@ async def test_concurrency_limit_holds_at_the_server(
     # Never more than 3 requests at once means the pool never needed a 4th connection.
     assert stats.connections <= 3
     assert peak == 3
-    state = client.pacer_state()
+    state = pacer_state(client)
     assert state.in_use == 0 and not any(state.queued.values())
 
 
 async def test_a_queued_call_fails_at_its_deadline_without_being_sent(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), pacer=stallproof.Pacer(max_concurrent=1))
     async with anyio.create_task_group() as tg:
@@ -91,39 +93,41 @@ async def test_a_queued_call_fails_at_its_deadline_without_being_sent(
     assert "pacer" in str(err)
     assert fault_server.key_stats(fault_key).requests == 0
     assert [c.phase for c in seen] == ["pacer queue"]
-    assert client.pacer_state().in_use == 0
+    assert pacer_state(client).in_use == 0
 
 
 async def test_rate_limits_shrink_the_limit_and_successes_restore_it(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), pacer=stallproof.Pacer(max_concurrent=8))
-    assert client.pacer_state().limit == 8
+    assert pacer_state(client).limit == 8
     with pytest.raises(stallproof.RateLimitError):
         await client.chat.completions.create(
             model="m", messages=MSGS, extra_headers={"X-Fault": "status;code=429"}
         )
-    assert client.pacer_state().limit == 4
+    assert pacer_state(client).limit == 4
     for _ in range(4):  # one run of successes as long as the limit adds one
         await client.chat.completions.create(model="m", messages=MSGS)
-    assert client.pacer_state().limit == 5
+    assert pacer_state(client).limit == 5
 
 
 async def test_streams_hold_their_permit_until_they_end(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), pacer=stallproof.Pacer(max_concurrent=2))
     stream = await client.chat.completions.create(model="m", messages=MSGS, stream=True)
-    assert client.pacer_state().in_use == 1
+    assert pacer_state(client).in_use == 1
     async for _ in stream:
         pass
-    assert client.pacer_state().in_use == 0
+    assert pacer_state(client).in_use == 0
     stream = await client.chat.completions.create(model="m", messages=MSGS, stream=True)
     await stream.aclose()
-    assert client.pacer_state().in_use == 0
+    assert pacer_state(client).in_use == 0
 
 
-async def test_cancelled_calls_give_their_permits_back(fault_server: Any, make_client: Any) -> None:
+async def test_cancelled_calls_give_their_permits_back(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client = make_client(fault_server.url(), pacer=stallproof.Pacer(max_concurrent=2))
 
     async def stuck() -> None:
@@ -135,7 +139,7 @@ async def test_cancelled_calls_give_their_permits_back(fault_server: Any, make_c
     async with anyio.create_task_group() as tg:
         for _ in range(6):  # two hold permits, four wait in the queue; all are cancelled
             tg.start_soon(stuck)
-    state = client.pacer_state()
+    state = pacer_state(client)
     assert state.in_use == 0 and not any(state.queued.values())
     resp = await client.chat.completions.create(model="m", messages=MSGS)
     assert resp.choices

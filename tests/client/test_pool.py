@@ -38,10 +38,11 @@ from stallproof._wire._pool import Pool
 from stallproof._wire._proxy import ProxyRoute
 
 from ..support.timing import MARGIN, stopwatch
+from ..support.wire import ChatArgs
 
 pytestmark = pytest.mark.anyio
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+BODY: ChatArgs = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 # How late the p99 of 2,000 stalled calls may end past total=1 s, beyond the time the loop
 # took to start them all. Starting 2,000 calls costs the loop ~0.1-0.2 s of CPU on an idle
 # core and 1.2-2.5 s on this 2-core machine shared by ~8 sessions (load average 8); ending

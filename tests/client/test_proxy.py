@@ -27,7 +27,7 @@ from fault_server._wire_tls import TLS_SUPPORTED, self_signed
 from stallproof._wire._pool import Pool
 from stallproof._wire._proxy import proxy_routes
 
-from ..support.clients import KEY, assert_pool_clean, pool_state
+from ..support.clients import KEY, MakeClient, assert_pool_clean, pool_state
 from ..support.proxyserver import ProxyServer
 from ..support.timing import MARGIN, stopwatch
 
@@ -86,7 +86,7 @@ def assert_let_go(client: stallproof.Client, proxy: ProxyServer) -> None:
 
 
 async def test_http_proxy_from_the_environment_forwards(
-    fault_server: Any, make_client: Any, proxy_server: Any, monkeypatch: pytest.MonkeyPatch
+    fault_server: Any, make_client: MakeClient, proxy_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proxy = proxy_server()
     monkeypatch.setenv("HTTP_PROXY", proxy.url)
@@ -102,7 +102,7 @@ async def test_http_proxy_from_the_environment_forwards(
 
 
 async def test_lower_case_variables_and_all_proxy_count_too(
-    fault_server: Any, make_client: Any, proxy_server: Any, monkeypatch: pytest.MonkeyPatch
+    fault_server: Any, make_client: MakeClient, proxy_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proxy = proxy_server()
     monkeypatch.setenv("all_proxy", proxy.url)
@@ -114,7 +114,7 @@ async def test_lower_case_variables_and_all_proxy_count_too(
 @pytest.mark.parametrize("no_proxy", ["127.0.0.1", "*", "localhost,127.0.0.1"])
 async def test_no_proxy_bypasses_the_proxy(
     fault_server: Any,
-    make_client: Any,
+    make_client: MakeClient,
     proxy_server: Any,
     monkeypatch: pytest.MonkeyPatch,
     no_proxy: str,
@@ -128,7 +128,7 @@ async def test_no_proxy_bypasses_the_proxy(
 
 
 async def test_trust_env_false_ignores_the_environment(
-    fault_server: Any, make_client: Any, proxy_server: Any, monkeypatch: pytest.MonkeyPatch
+    fault_server: Any, make_client: MakeClient, proxy_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proxy = proxy_server(fault="silent")
     monkeypatch.setenv("HTTP_PROXY", proxy.url)
@@ -138,7 +138,7 @@ async def test_trust_env_false_ignores_the_environment(
 
 
 async def test_an_explicit_proxy_wins_over_the_environment(
-    fault_server: Any, make_client: Any, proxy_server: Any, monkeypatch: pytest.MonkeyPatch
+    fault_server: Any, make_client: MakeClient, proxy_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ignored = proxy_server(fault="silent")
     proxy = proxy_server()
@@ -198,7 +198,8 @@ def test_routing_is_httpxs(env: dict[str, str], monkeypatch: pytest.MonkeyPatch)
 
 def test_no_variables_means_the_direct_fast_path() -> None:
     assert proxy_routes(None, trust_env=True) is None
-    assert stallproof.Client(base_url=NOWHERE, api_key=KEY)._engine.pool.proxies is None
+    pool = stallproof.Client(base_url=NOWHERE, api_key=KEY)._engine.pool
+    assert isinstance(pool, Pool) and pool.proxies is None
 
 
 # -- bad settings -------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def test_proxy_and_http_client_together_are_refused() -> None:
 
 async def test_credentials_authorise_and_show_nowhere(
     fault_server: Any,
-    make_client: Any,
+    make_client: MakeClient,
     proxy_server: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -256,6 +257,7 @@ async def test_credentials_authorise_and_show_nowhere(
     with pytest.raises(stallproof.APIStatusError) as e:
         await ask(refused)
     assert e.value.status_code == 407
+    assert isinstance(client._engine.pool, Pool)
     shown = [repr(client), repr(client._engine.pool), repr(client._engine.pool.proxies)]
     shown += [str(e.value), repr(e.value), caplog.text]
     for span in exporter.get_finished_spans():
@@ -372,7 +374,7 @@ async def test_the_openai_face_goes_through_the_environments_proxy(
     ids=["read", "first_token", "total"],
 )
 async def test_a_silent_proxy_ends_on_time(
-    make_client: Any,
+    make_client: MakeClient,
     proxy_server: Any,
     origin: str,
     timeouts: stallproof.Timeouts,
@@ -392,7 +394,7 @@ async def test_a_silent_proxy_ends_on_time(
 
 @pytest.mark.parametrize("status", [407, 502])
 async def test_a_refused_connect_is_a_connect_error_at_once(
-    make_client: Any, proxy_server: Any, status: int
+    make_client: MakeClient, proxy_server: Any, status: int
 ) -> None:
     proxy = proxy_server(fault="status", status=status)
     client = make_client(NOWHERE, proxy=proxy.url_with("agent", SECRET), timeout=10)
@@ -404,7 +406,7 @@ async def test_a_refused_connect_is_a_connect_error_at_once(
 
 
 async def test_a_refused_connect_is_retried_within_the_budget(
-    make_client: Any, proxy_server: Any
+    make_client: MakeClient, proxy_server: Any
 ) -> None:
     proxy = proxy_server(fault="status", status=502)
     retry = stallproof.Retry(attempts=3, backoff_base=0.01, backoff_max=0.02)
@@ -416,7 +418,7 @@ async def test_a_refused_connect_is_retried_within_the_budget(
 
 
 async def test_a_forwarding_proxys_502_is_the_status_it_is(
-    make_client: Any, proxy_server: Any
+    make_client: MakeClient, proxy_server: Any
 ) -> None:
     proxy = proxy_server(fault="status", status=502)
     client = make_client("http://127.0.0.1:9/v1", proxy=proxy.url, timeout=10)
@@ -427,7 +429,7 @@ async def test_a_forwarding_proxys_502_is_the_status_it_is(
 
 
 async def test_a_proxy_that_refuses_connections_is_a_connect_error(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(NOWHERE, proxy=fault_server.refused_url, timeout=10)
     with stopwatch() as t, pytest.raises(stallproof.ConnectError):
@@ -436,7 +438,9 @@ async def test_a_proxy_that_refuses_connections_is_a_connect_error(
     assert_pool_clean(client)
 
 
-async def test_the_pool_bound_holds_through_a_proxy(make_client: Any, proxy_server: Any) -> None:
+async def test_the_pool_bound_holds_through_a_proxy(
+    make_client: MakeClient, proxy_server: Any
+) -> None:
     import anyio
 
     proxy = proxy_server(fault="silent")
@@ -468,13 +472,14 @@ async def test_the_pool_bound_holds_through_a_proxy(make_client: Any, proxy_serv
 
 
 async def test_socks5_with_credentials(
-    fault_server: Any, make_client: Any, proxy_server: Any
+    fault_server: Any, make_client: MakeClient, proxy_server: Any
 ) -> None:
     proxy = proxy_server(socks=True, auth=("agent", SECRET))
     client = make_client(fault_server.url(), proxy=proxy.url_with("agent", SECRET), timeout=10)
     assert (await ask(client)).choices
     port = fault_server.url().split(":")[2].split("/")[0]
     assert proxy.seen[0].target.endswith(f":{port}")
+    assert isinstance(client._engine.pool, Pool)
     assert SECRET not in repr(client._engine.pool.proxies)
 
 
@@ -487,7 +492,10 @@ async def test_socks5_with_credentials(
     ids=["read", "total"],
 )
 async def test_a_silent_socks_proxy_ends_on_time(
-    make_client: Any, proxy_server: Any, timeouts: stallproof.Timeouts, raised: type[Exception]
+    make_client: MakeClient,
+    proxy_server: Any,
+    timeouts: stallproof.Timeouts,
+    raised: type[Exception],
 ) -> None:
     proxy = proxy_server(socks=True, fault="silent")  # greets, then never answers CONNECT
     client = make_client(NOWHERE, proxy=proxy.url, timeout=timeouts)
@@ -498,7 +506,7 @@ async def test_a_silent_socks_proxy_ends_on_time(
 
 
 async def test_socks_without_the_extra_is_a_typed_error_at_the_call(
-    make_client: Any, proxy_server: Any, monkeypatch: pytest.MonkeyPatch
+    make_client: MakeClient, proxy_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "socksio", None)  # as if `stallproof[socks]` were absent
     proxy = proxy_server(socks=True)

@@ -14,14 +14,15 @@ from typing import Any
 import anyio
 import pytest
 import sniffio
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
-from ..support.clients import assert_pool_clean, hold_the_only_connection, pool_state
+from ..support.clients import MakeClient, assert_pool_clean, hold_the_only_connection, pool_state
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 HOLD = 20
 
 
@@ -43,7 +44,7 @@ def _tasks() -> int:
     ],
 )
 async def test_caller_cancellation_releases_the_connection(
-    fault: str, params: dict[str, Any], stream: bool, fault_server: Any, make_client: Any
+    fault: str, params: dict[str, Any], stream: bool, fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(fault, hold=HOLD, **params), timeout=30)
     before = _tasks()
@@ -64,7 +65,9 @@ async def test_caller_cancellation_releases_the_connection(
     assert resp.choices and resp.choices[0].message
 
 
-async def test_cancelled_while_waiting_for_the_pool(fault_server: Any, make_client: Any) -> None:
+async def test_cancelled_while_waiting_for_the_pool(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client, holder = await hold_the_only_connection(make_client, fault_server)
     with anyio.move_on_after(0.3):
         await client.chat.completions.create(model="m", messages=MSGS)
@@ -77,7 +80,7 @@ async def test_cancelled_while_waiting_for_the_pool(fault_server: Any, make_clie
 # trio finalises an abandoned generator for us but warns that `async with` would be tidier.
 @pytest.mark.filterwarnings("ignore:Async generator 'stallproof.:ResourceWarning")
 async def test_break_out_of_a_stream_releases_the_connection(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url("sse_stall", after=3, hold=HOLD))
     stream = await client.chat.completions.create(model="m", messages=MSGS, stream=True)
@@ -93,7 +96,7 @@ async def test_break_out_of_a_stream_releases_the_connection(
 
 
 async def test_aclose_and_async_with_release_the_connection(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url("sse_stall", after=3, hold=HOLD))
     stream = await client.chat.completions.create(model="m", messages=MSGS, stream=True)
@@ -108,7 +111,7 @@ async def test_aclose_and_async_with_release_the_connection(
         await s.__anext__()
 
 
-async def test_healthy_connections_are_reused(fault_server: Any, make_client: Any) -> None:
+async def test_healthy_connections_are_reused(fault_server: Any, make_client: MakeClient) -> None:
     client = make_client(fault_server.url())
     for stream in (False, True, False, True):
         if stream:
@@ -123,7 +126,7 @@ async def test_healthy_connections_are_reused(fault_server: Any, make_client: An
 
 @pytest.mark.slow
 async def test_errors_after_faults_leave_the_pool_usable(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(
         fault_server.url(),

@@ -8,15 +8,16 @@ from typing import Any
 
 import anyio
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 
-from ..support.clients import spying_client
+from ..support.clients import MakeClient, spying_client
 from ..support.timing import MARGIN, stopwatch
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 FAST = stallproof.Retry(attempts=3, backoff_base=0.05, backoff_max=0.1)
 
 
@@ -26,7 +27,7 @@ def fault(spec: str, key: str, **params: Any) -> dict[str, str]:
 
 
 async def test_503_twice_then_success_on_attempt_3(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client, sent = spying_client(make_client, fault_server.url(), retry=FAST)
     seen = sent.headers
@@ -41,7 +42,9 @@ async def test_503_twice_then_success_on_attempt_3(
     assert len({h["x-request-id"] for h in seen}) == 1
 
 
-async def test_retry_after_is_waited(fault_server: Any, fault_key: str, make_client: Any) -> None:
+async def test_retry_after_is_waited(
+    fault_server: Any, fault_key: str, make_client: MakeClient
+) -> None:
     client = make_client(fault_server.url(), retry=FAST, timeout=5)
     with stopwatch() as elapsed:
         resp = await client.chat.completions.create(
@@ -55,7 +58,7 @@ async def test_retry_after_is_waited(fault_server: Any, fault_key: str, make_cli
 
 
 async def test_retry_after_ms_is_preferred(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), retry=FAST, timeout=5)
     with stopwatch() as elapsed:
@@ -70,7 +73,7 @@ async def test_retry_after_ms_is_preferred(
 
 
 async def test_retry_after_that_cannot_fit_fails_at_once(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), retry=FAST, timeout=3)
     with stopwatch() as elapsed, pytest.raises(stallproof.RetryWouldExceedDeadline) as info:
@@ -92,7 +95,7 @@ async def test_retry_after_that_cannot_fit_fails_at_once(
 @pytest.mark.slow
 @pytest.mark.parametrize("first_token", [0.7, 10.0])
 async def test_stalled_server_ends_within_total_whatever_the_attempt_bounds(
-    first_token: float, fault_server: Any, make_client: Any
+    first_token: float, fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url("half_open", hold=20), retry=FAST)
     timeouts = stallproof.Timeouts(total=2, first_token=first_token)
@@ -102,7 +105,7 @@ async def test_stalled_server_ends_within_total_whatever_the_attempt_bounds(
 
 
 async def test_stream_that_dies_after_content_is_not_retried(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), retry=FAST)
     stream = await client.chat.completions.create(
@@ -142,7 +145,7 @@ async def test_stream_that_dies_after_content_is_not_retried(
     ],
 )
 async def test_stream_that_dies_before_content_is_retried(
-    spec: str, fault_server: Any, fault_key: str, make_client: Any
+    spec: str, fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), retry=FAST)
     stream = await client.chat.completions.create(
@@ -159,7 +162,7 @@ async def test_stream_that_dies_before_content_is_retried(
 
 @pytest.mark.parametrize("code", [400, 401, 403, 404, 422])
 async def test_caller_errors_are_never_retried(
-    code: int, fault_server: Any, fault_key: str, make_client: Any
+    code: int, fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), retry=FAST)
     with pytest.raises(stallproof.APIStatusError) as info:
@@ -173,7 +176,7 @@ async def test_caller_errors_are_never_retried(
 
 
 async def test_x_should_retry_overrides_the_status_rule(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), retry=FAST)
     with pytest.raises(stallproof.InternalServerError):
@@ -194,7 +197,7 @@ async def test_x_should_retry_overrides_the_status_rule(
 
 
 async def test_malformed_answers_are_not_retried(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), retry=FAST)
     with pytest.raises(stallproof.MalformedResponse):
@@ -205,7 +208,7 @@ async def test_malformed_answers_are_not_retried(
 
 
 async def test_per_call_retry_overrides_the_client(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), retry=FAST)
     with pytest.raises(stallproof.InternalServerError):
@@ -216,7 +219,7 @@ async def test_per_call_retry_overrides_the_client(
 
 
 async def test_budget_stops_a_retry_storm(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     """50 calls against an always-503 server: 50 first attempts plus the budget's 4 retries.
 
@@ -246,7 +249,7 @@ async def test_budget_stops_a_retry_storm(
 
 
 async def test_without_budget_every_call_retries(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(), retry=FAST, retry_budget=None)
     with anyio.fail_after(20):
@@ -267,7 +270,7 @@ async def _swallow(coro: Any) -> None:
 
 
 async def test_request_body_is_identical_on_every_attempt(
-    fault_server: Any, fault_key: str, make_client: Any
+    fault_server: Any, fault_key: str, make_client: MakeClient
 ) -> None:
     client, sent = spying_client(make_client, fault_server.url(), retry=FAST)
     bodies = sent.bodies

@@ -16,18 +16,19 @@ import httpx
 import httpx2
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import stallproof
 
-from ..support.clients import KEY
+from ..support.clients import KEY, MakeClient
 from ..support.rawserver import always, response
 
 pytestmark = pytest.mark.anyio
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
 
 
@@ -118,7 +119,7 @@ async def test_a_body_that_breaks_its_own_content_length_is_refused_with_a_clean
 
 
 async def test_a_bad_extra_header_on_client_is_refused_by_name(
-    raw_server: Any, make_client: Any, logs: pytest.LogCaptureFixture
+    raw_server: Any, make_client: MakeClient, logs: pytest.LogCaptureFixture
 ) -> None:
     srv = raw_server(always(response(200, b"{}")))
     client = make_client(srv.url)
@@ -131,7 +132,7 @@ async def test_a_bad_extra_header_on_client_is_refused_by_name(
 
 
 async def test_userinfo_in_base_url_shows_nowhere(
-    raw_server: Any, make_client: Any, logs: pytest.LogCaptureFixture
+    raw_server: Any, make_client: MakeClient, logs: pytest.LogCaptureFixture
 ) -> None:
     srv = raw_server(always(response(503, b'{"error": {"message": "down"}}')))
     exporter = InMemorySpanExporter()
@@ -161,15 +162,15 @@ async def test_the_sdk_error_chain_holds_no_authorization_header(raw_server: Any
     sdk = openai.AsyncOpenAI(api_key=KEY, base_url=srv.url, http_client=http, max_retries=0)
     async with http:
         with pytest.raises(openai.APIConnectionError) as e:
-            await sdk.chat.completions.create(model="m", messages=MSGS)  # type: ignore[arg-type]
+            await sdk.chat.completions.create(model="m", messages=MSGS)
     cause = e.value.__cause__
     assert isinstance(cause, stallproof.TotalTimeout)
-    assert cause.request.headers["authorization"] == "[redacted]"  # type: ignore[attr-defined]
+    assert cause.request.headers["authorization"] == "[redacted]"
     assert_no_key(cause)
 
 
 async def test_a_user_http_client_error_chain_holds_no_request(
-    raw_server: Any, make_client: Any
+    raw_server: Any, make_client: MakeClient
 ) -> None:
     """Errors from a caller's httpx client are translated without keeping httpx's error
     (whose .request has the Authorization header) as __context__."""

@@ -12,16 +12,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import stallproof
 from stallproof import Timeouts
 from stallproof._sse import SSEDecoder
 
-from ..support.clients import assert_pool_clean
+from ..support.clients import MakeClient, assert_pool_clean
 from ..support.rawserver import RawRequest, response
 from ..support.timing import MARGIN, stopwatch
 
-MSGS = [{"role": "user", "content": "hello there"}]
+MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 HEADERS = {"content-type": "text/event-stream", "transfer-encoding": "chunked"}
 
 
@@ -82,7 +83,7 @@ def test_a_crlf_split_across_writes_is_one_line_ending() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("eol", [b"\r", b"\r\n"])
 async def test_a_complete_stream_with_cr_endings_ends_without_waiting(
-    eol: bytes, raw_server: Any, make_client: Any
+    eol: bytes, raw_server: Any, make_client: MakeClient
 ) -> None:
     """Each event is its own write and the server then holds the socket open: every chunk,
     the finish and [DONE] must be seen as they arrive, not one write late."""
@@ -106,7 +107,7 @@ async def test_a_complete_stream_with_cr_endings_ends_without_waiting(
 
 @pytest.mark.anyio
 async def test_named_events_with_non_json_data_are_skipped_and_not_progress(
-    raw_server: Any, make_client: Any
+    raw_server: Any, make_client: MakeClient
 ) -> None:
     """As docs/bounds.md says: skipped, not an error, and not content (idle still fires)."""
 
@@ -136,7 +137,7 @@ async def test_named_events_with_non_json_data_are_skipped_and_not_progress(
 )
 @pytest.mark.parametrize("encoding", [None, "gzip"])
 async def test_a_flood_of_tiny_keepalives_does_not_delay_first_token(
-    flood: bytes, encoding: str | None, raw_server: Any, make_client: Any
+    flood: bytes, encoding: str | None, raw_server: Any, make_client: MakeClient
 ) -> None:
     """Keep-alives as fast as loopback carries them, never content: first_token fires on
     time although every read returns at once."""

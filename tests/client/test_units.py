@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+from typing import Any
 
 import httpx
 import openai
@@ -38,7 +39,9 @@ def test_timeouts_defaults_are_all_finite() -> None:
         ({"write": "3"}, r"Timeouts.write must be a number.*'3'"),
     ],
 )
-def test_timeouts_validate_with_a_message_naming_the_field(kwargs: dict, match: str) -> None:
+def test_timeouts_validate_with_a_message_naming_the_field(
+    kwargs: dict[str, Any], match: str
+) -> None:
     with pytest.raises(stallproof.InvalidRequestError, match=match):
         stallproof.Timeouts(**kwargs)
 
@@ -62,7 +65,7 @@ def test_timeouts_are_frozen_and_coerce_floats_into_total() -> None:
         {"keepalive_expiry": float("inf")},
     ],
 )
-def test_limits_validate(kwargs: dict) -> None:
+def test_limits_validate(kwargs: dict[str, Any]) -> None:
     with pytest.raises(stallproof.InvalidRequestError, match="Limits"):
         stallproof.Limits(**kwargs)
 
@@ -149,7 +152,7 @@ def test_results_tolerate_what_the_sdk_tolerates() -> None:
     assert isinstance(resp, ChatCompletion)
     assert resp.object == "chat.completion" and resp.created == 0
     assert resp.choices[0].message.content == "hi"
-    assert resp.choices[0].finish_reason == "eos"
+    assert resp.choices[0].finish_reason == "eos"  # type: ignore[comparison-overlap]
 
 
 def test_only_fields_a_type_has_are_filled_in() -> None:
@@ -204,7 +207,7 @@ OK_COMPLETION = {
         ),
     ],
 )
-def test_malformed_fields_name_their_path(change: dict, path: str) -> None:
+def test_malformed_fields_name_their_path(change: dict[str, Any], path: str) -> None:
     with pytest.raises(stallproof.MalformedResponse) as info:
         to_result(ChatCompletion, {**OK_COMPLETION, **change})
     assert info.value.path is not None and info.value.path.startswith(path)

@@ -249,7 +249,7 @@ def test_data_after_done(srv: ServerThread) -> None:
     with openai.OpenAI(base_url=srv.url("data_after_done"), api_key="x", max_retries=0) as c:
         text = "".join(
             ch.choices[0].delta.content or ""
-            for ch in c.chat.completions.create(**STREAM)  # type: ignore[call-overload]
+            for ch in c.chat.completions.create(**STREAM)
             if ch.choices
         )
     assert "after-done" not in text  # a correct client stops at the first [DONE]
@@ -271,7 +271,7 @@ def test_error_event(srv: ServerThread, as_event: bool) -> None:
             openai.OpenAI(base_url=srv.url("error_event"), api_key="x", max_retries=0) as c,
             pytest.raises(openai.APIError, match="mid-stream"),
         ):
-            list(c.chat.completions.create(**STREAM))  # type: ignore[call-overload]
+            list(c.chat.completions.create(**STREAM))
 
 
 @pytest.mark.parametrize("eol", ["crlf", "cr"])
@@ -281,10 +281,7 @@ def test_sse_crlf(srv: ServerThread, eol: str) -> None:
     assert body.endswith(b"data: [DONE]" + sep)
     assert b"\n" not in body.replace(b"\r\n", b"") if eol == "crlf" else b"\n" not in body
     with openai.OpenAI(base_url=srv.url("sse_crlf", eol=eol), api_key="x", max_retries=0) as c:
-        parts = [
-            ch.choices[0].delta.content or ""
-            for ch in c.chat.completions.create(**STREAM)  # type: ignore[call-overload]
-        ]
+        parts = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(**STREAM)]
     assert "".join(parts) == "echo: hello brave new world lorem ipsum dolor"
 
 
@@ -295,10 +292,7 @@ def test_sse_multiline(srv: ServerThread) -> None:
     assert sum(line.startswith("data:") for line in first) > 5
     assert content(body) == "echo: hello"
     with openai.OpenAI(base_url=srv.url("sse_multiline"), api_key="x", max_retries=0) as c:
-        parts = [
-            ch.choices[0].delta.content or ""
-            for ch in c.chat.completions.create(**STREAM)  # type: ignore[call-overload]
-        ]
+        parts = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(**STREAM)]
     assert "".join(parts).startswith("echo: hello brave")
 
 
@@ -370,7 +364,7 @@ def test_tool_split_stream(srv: ServerThread) -> None:
     with openai.OpenAI(base_url=srv.url("tool_split"), api_key="x", max_retries=0) as c:
         got = [
             tc.function.arguments or ""
-            for ch in c.chat.completions.create(**STREAM, tools=tools)  # type: ignore[call-overload]
+            for ch in c.chat.completions.create(**STREAM, tools=tools)
             for tc in ch.choices[0].delta.tool_calls or []
             if tc.function
         ]

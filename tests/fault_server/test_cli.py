@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -57,3 +58,37 @@ def test_the_control_token_from_a_flag_or_the_environment(how: str) -> None:
         )
     assert refused.status == 401, refused
     assert allowed.status == 200, allowed
+
+
+def test_beyond_loopback_without_a_token_is_a_usage_error() -> None:
+    refused = run_cli("--host", "0.0.0.0", "--port", "0")
+    assert refused.returncode == 2
+    assert "needs --control-token" in refused.stderr
+    assert "--insecure-open-control" in refused.stderr
+
+
+@pytest.mark.slow
+def test_insecure_open_control_says_so_loudly() -> None:
+    with cli_server("--host", "0.0.0.0", "--insecure-open-control", stderr=subprocess.PIPE) as (
+        base_url,
+        proc,
+    ):
+        assert raw_exchange(base_url, http_request("GET", "/_fault/stats")).status == 200
+        assert proc.stderr is not None
+        with proc.stderr:
+            warning = proc.stderr.readline().decode()
+    assert "WARNING" in warning and "ARM FAULTS" in warning
+
+
+@pytest.mark.slow
+def test_stdout_ends_with_the_refused_ports_url() -> None:
+    with cli_server() as (base_url, proc):
+        assert proc.stdout is not None
+        blackhole = proc.stdout.readline().decode().strip()
+        refused = proc.stdout.readline().decode().strip()
+    assert blackhole.startswith("http://127.0.0.1:") and blackhole.endswith("/v1")
+    assert refused.startswith("http://127.0.0.1:") and refused.endswith("/v1")
+    assert len({base_url, blackhole.removesuffix("/v1"), refused.removesuffix("/v1")}) == 3
+    host, port = refused.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5).close()

@@ -16,9 +16,10 @@ import httpx
 import openai
 import pytest
 
+import fault_server
 from fault_server import FaultScope, FaultSpecError, KeyStats, ServerThread, Verdict
 
-from ..support.timing import wait_until_sync
+from ..support.timing import MARGIN, wait_until_sync
 from ..support.wire import CHAT, ROOT, STREAM, Raw, chat_path, request
 
 pytestmark = pytest.mark.usefixtures("no_server_errors")
@@ -135,7 +136,7 @@ def test_bad_scenarios_raise_before_anything_is_armed(own: ServerThread) -> None
     with pytest.raises(FaultSpecError, match="unknown fault"):
         own.scenario("nope")
     with pytest.raises(FaultSpecError, match="slow_accept"):
-        own.scenario("slow_accept", key="k")
+        own.scenario("slow_accept", model="gpt-*")
     with pytest.raises(FaultSpecError, match="times"):
         own.scenario("status;key=k;first=1")
     with pytest.raises(FaultSpecError, match="sum"):
@@ -414,3 +415,57 @@ def test_docs_list_every_control_route() -> None:
     for path, methods in _ROUTES.items():
         for method in methods:
             assert any(f"`{method} {path}" in row for row in rows), (method, path)
+
+
+# -- connection-level faults armed for a key stay with that key's connections -------------
+
+
+def test_a_scoped_refuse_takes_only_its_own_tests_connection(own: ServerThread) -> None:
+    scope = own.scope("test-a")
+    scope.scenario("refuse", times=1)
+    assert codes(own.url(), 1) == [200]  # another test's connection: untouched.
+    assert codes(own.url(key="test-b"), 1) == [200]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(scope.url() + "/models")
+    assert codes(scope.url(), 1) == [200]  # times=1: used.
+    (refused,) = [c for c in scope.journal() if c.fault is not None]
+    assert refused.fault == "refuse"
+    assert refused.requests[0].outcome == "server_reset"
+
+
+def test_a_scoped_slow_accept_delays_only_its_own_tests_connection(own: ServerThread) -> None:
+    scope = own.scope("test-a")
+    scope.scenario("slow_accept", pause=2.0, times=1)
+    start = time.monotonic()
+    assert codes(own.url(), 1) == [200]
+    assert time.monotonic() - start < 2.0 - MARGIN  # not the 2 s pause: not its fault.
+    start = time.monotonic()
+    assert codes(scope.url(), 1) == [200]
+    assert time.monotonic() - start >= 2.0
+
+
+def test_connection_rules_match_a_key_only(own: ServerThread) -> None:
+    with pytest.raises(FaultSpecError, match="can match a key only"):
+        own.scenario("refuse", path="/v1/*")
+    with pytest.raises(FaultSpecError, match="before any request can carry a key"):
+        own.scenario("tls_stall", key="k")
+
+
+@pytest.mark.slow
+def test_ten_thousand_armed_rules_cost_a_healthy_request_little(own: ServerThread) -> None:
+    """Requests alternate between a bare server and one with 10,000 rules armed by other
+    keys, so that the load of a busy machine weighs on both medians alike."""
+    for i in range(10_000):
+        own.scenario("status", code=503, key=f"other-{i}", rule_id=f"r{i}")
+    with fault_server.running(port=0, max_hold=5.0) as bare, httpx.Client() as client:
+        times: dict[str, list[float]] = {"bare": [], "armed": []}
+        pair = [("bare", bare), ("armed", own)]
+        for _ in range(300):
+            pair.reverse()  # neither goes first every time.
+            for name, server in pair:
+                start = time.monotonic()
+                assert client.get(server.url(key="mine") + "/models").status_code == 200
+                times[name].append(time.monotonic() - start)
+    bare_median, armed_median = (sorted(t)[len(t) // 2] for t in times.values())
+    more = armed_median - bare_median
+    assert more < 0.001, f"{more * 1000:.2f} ms more per request"

@@ -82,8 +82,12 @@ def test_local_hosts_may_write(srv: ServerThread, host: str) -> None:
 
 
 def test_reads_and_bodyless_deletes_need_no_content_type(srv: ServerThread) -> None:
-    for method, path in [("GET", "/_fault/stats"), ("DELETE", "/_fault/scenarios")]:
-        answer = raw_exchange(srv.base_url, http_request(method, path, b"", {"Host": "name:1"}))
+    # A read is answered for any Host; a DELETE is a write, so its Host must be local.
+    for method, path, host in [
+        ("GET", "/_fault/stats", "name:1"),
+        ("DELETE", "/_fault/scenarios", "127.0.0.1:1"),
+    ]:
+        answer = raw_exchange(srv.base_url, http_request(method, path, b"", {"Host": host}))
         assert answer.status == 200, answer
 
 
@@ -115,3 +119,26 @@ def test_the_token_never_shows_in_a_repr() -> None:
 def test_a_bad_token_is_refused_at_construction(token: object) -> None:
     with pytest.raises(ValueError, match="control_token"):
         FaultServer(control_token=token)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("path", ["/_fault/scenarios", "/_fault/mix", "/_fault/fixtures"])
+def test_a_rebound_page_cannot_delete_what_is_armed(srv: ServerThread, path: str) -> None:
+    srv.scenario("status", code=418, rule_id="guarded")
+    srv.set_mix({"status;code=503": 0.5})
+    srv.fixture(contains="x", reply="kept")
+    request = http_request("DELETE", path, b"", {"Host": "rebound.example:8000"})
+    assert raw_exchange(srv.base_url, request).status == 403
+    assert armed(srv)
+    assert srv.mix is not None
+    assert len(srv.fixtures()) == 1
+    from_test = http_request("DELETE", path, b"", {"Host": "127.0.0.1"})  # a test's own.
+    assert raw_exchange(srv.base_url, from_test).status == 200
+
+
+def test_beyond_loopback_without_a_token_it_refuses_to_start() -> None:
+    with pytest.raises(ValueError, match="not loopback, without a control token"):
+        FaultServer(host="0.0.0.0")
+    FaultServer(host="0.0.0.0", control_token=TOKEN)  # a token: fine.
+    FaultServer(host="0.0.0.0", insecure_open_control=True)  # said out loud: fine.
+    FaultServer(host="localhost")
+    FaultServer(host="::1")

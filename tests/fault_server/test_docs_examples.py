@@ -27,6 +27,9 @@ BLOCK = re.compile(r"(?P<before>[^\n]*)\n```python\n(?P<code>.*?)```", re.DOTALL
 INSTALLED = {"stallproof", "fault_server", "pytest", "pytest_asyncio", "httpx", "anyio"}
 
 
+SCRIPT = "<!-- fragment: a script"  # a fragment that stands alone: it must run as is.
+
+
 def examples() -> list[tuple[str, str, bool]]:
     """(name, code, is_fragment) for every python block of the fault server's docs."""
     out = []
@@ -73,15 +76,47 @@ def test_runnable_examples_are_tests_that_import_only_what_stallproof_installs(
     assert not foreign, f"{name} imports {sorted(foreign)}, which a fresh project lacks"
 
 
+def scripts() -> list[tuple[str, str]]:
+    """(name, code) of the fragments marked as scripts: complete programs, imports and all."""
+    out = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for n, match in enumerate(BLOCK.finditer(text), 1):
+            if match["before"].startswith(SCRIPT):
+                out.append((f"{doc.stem}_{n}", match["code"]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "code"), scripts())
+def test_script_fragments_run_as_written(name: str, code: str, tmp_path: Path) -> None:
+    """The TLS example once used ``running`` without importing it: scripts are run."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(code, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def documented_config() -> str:
+    """The ``toml`` block of docs/fault_pytest.md: the configuration a reader copies."""
+    text = (ROOT / "docs" / "fault_pytest.md").read_text(encoding="utf-8")
+    found = re.search(r"```toml\n(?P<config>.*?)```", text, re.DOTALL)
+    assert found, "docs/fault_pytest.md shows no pytest configuration"
+    return found["config"]
+
+
 @pytest.mark.slow
 def test_runnable_examples_pass_in_a_fresh_project(tmp_path: Path) -> None:
     for name, code in RUNNABLE:
         (tmp_path / f"test_{name}.py").write_text(code, encoding="utf-8")
-    (tmp_path / "pytest.ini").write_text(
-        "[pytest]\nasyncio_default_fixture_loop_scope = function\n", encoding="utf-8"
-    )
+    # The configuration docs/fault_pytest.md gives, and warnings as errors: an unset
+    # pytest-asyncio loop scope was an INTERNALERROR there.
+    (tmp_path / "pyproject.toml").write_text(documented_config(), encoding="utf-8")
+    command = [sys.executable, "-m", "pytest", "-q", "-W", "error", "-p", "no:cacheprovider"]
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        [*command, str(tmp_path)],
         cwd=tmp_path,
         capture_output=True,
         text=True,

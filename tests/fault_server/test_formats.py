@@ -14,25 +14,44 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anthropic
+import httpx
 import httpx2
 import openai
 import pytest
+from anthropic.types import Message, RawMessageStreamEvent
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import FunctionToolParam, Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+from typing_extensions import TypedDict
 
 from fault_server import FAULTS, ServerThread
 
-from ..support.wire import Raw, address, dechunk, request
+from ..support.wire import MessagesArgs, Raw, address, dechunk, request
 
 pytestmark = pytest.mark.usefixtures("no_server_errors")
 
 SAID = "hello brave new world"
 ANSWER = "echo: hello brave new world lorem ipsum dolor"  # 8 tokens, the default.
-MESSAGES = {
+
+
+class ResponsesArgs(TypedDict):
+    """What every Responses call here sends."""
+
+    model: str
+    input: str
+
+
+MESSAGES: MessagesArgs = {
     "model": "claude-test",
     "max_tokens": 64,
     "messages": [{"role": "user", "content": SAID}],
 }
-RESPONSES = {"model": "gpt-test", "input": SAID}
-TOOL = {"name": "lookup", "description": "Look up", "input_schema": {"type": "object"}}
+RESPONSES: ResponsesArgs = {"model": "gpt-test", "input": SAID}
+TOOL: anthropic.types.ToolParam = {
+    "name": "lookup",
+    "description": "Look up",
+    "input_schema": {"type": "object"},
+}
 
 
 def anthropic_url(srv: ServerThread, fault: str | None = None, **params: Any) -> str:
@@ -189,9 +208,14 @@ async def test_openai_sdk_responses(srv: ServerThread) -> None:
 
 @pytest.mark.anyio
 async def test_openai_sdk_responses_function_call_and_length(srv: ServerThread) -> None:
-    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    tool: FunctionToolParam = {
+        "type": "function",
+        "name": "lookup",
+        "parameters": {"type": "object"},
+        "strict": None,
+    }
     async with openai.AsyncOpenAI(base_url=srv.url(), api_key="x", max_retries=0) as client:
-        called = await client.responses.create(**RESPONSES, tools=[tool])  # type: ignore[arg-type]
+        called = await client.responses.create(**RESPONSES, tools=[tool])
         short = await client.responses.create(**RESPONSES, max_output_tokens=3)
     item = called.output[0]
     assert item.type == "function_call"
@@ -230,7 +254,11 @@ def test_bad_requests_get_a_400_that_names_the_field(srv: ServerThread) -> None:
     for api, payload, field in cases:
         status, _, body, _, _ = raw_stream(srv, api, payload, "healthy", 2)
         assert status == 400, (api, body)
-        assert json.loads(body)["error"]["param"] == field
+        error = json.loads(body)["error"]
+        if api == "messages":  # Anthropic's shape has no param: the message names it.
+            assert field in error["message"]
+        else:
+            assert error["param"] == field
 
 
 # -- faults in these formats, on the wire -------------------------------------------------
@@ -425,3 +453,102 @@ def test_deeply_nested_json_gets_a_400(srv: ServerThread) -> None:
             raw.send(head.encode() + body)
             status, _ = raw.head()
         assert status == 400, api
+
+
+# -- exact to each SDK's own types, validated strictly (pydantic's model_validate, which
+# the SDKs skip when they build their objects), and every error in its API's own shape ----
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": SAID}]}
+
+
+def post(srv: ServerThread, api: str, payload: object, fault: str | None = None) -> Any:
+    url = srv.base_url + api_path(srv, api, fault)
+    return httpx.post(url, json=payload, timeout=10)
+
+
+def test_healthy_answers_validate_strictly(srv: ServerThread) -> None:
+    ChatCompletion.model_validate(post(srv, "chat/completions", CHAT).json())
+    Response.model_validate(post(srv, "responses", RESPONSES).json())
+    Message.model_validate(post(srv, "messages", MESSAGES).json())
+
+
+def test_streamed_events_validate_strictly(srv: ServerThread) -> None:
+    _, _, body, _, _ = raw_stream(srv, "chat/completions", {**CHAT, "stream": True}, "healthy", 5)
+    for _, data in sse(body.replace(b"data: [DONE]\n\n", b"")):
+        ChatCompletionChunk.model_validate(data)
+    _, _, body, _, _ = raw_stream(srv, "responses", {**RESPONSES, "stream": True}, "healthy", 5)
+    events = TypeAdapter(ResponseStreamEvent)
+    numbers = [events.validate_python(data).sequence_number for _, data in sse(body)]
+    assert numbers == list(range(len(numbers)))
+    _, _, body, _, _ = raw_stream(srv, "messages", {**MESSAGES, "stream": True}, "healthy", 5)
+    adapter = TypeAdapter(RawMessageStreamEvent)
+    for name, data in sse(body):
+        if name != "ping":  # a ping is not a message event: the SDK skips it.
+            assert adapter.validate_python(data).type == name
+
+
+def test_the_responses_error_event_continues_the_numbering(srv: ServerThread) -> None:
+    payload = {**RESPONSES, "stream": True}
+    _, _, body, _, _ = raw_stream(srv, "responses", payload, "error_event", 5, after=2)
+    events = sse(body)
+    assert events[-1][0] == "error"
+    numbers = [data["sequence_number"] for _, data in events]
+    assert numbers == list(range(len(events)))  # 0..5, then the error as 6.
+    TypeAdapter(ResponseStreamEvent).validate_python(events[-1][1])
+
+
+def test_malformed_json_on_messages_is_a_named_event_the_sdk_fails_on(srv: ServerThread) -> None:
+    payload = {**MESSAGES, "stream": True}
+    _, _, body, _, _ = raw_stream(srv, "messages", payload, "malformed_json", 5)
+    assert b"event: content_block_delta\ndata: {not json" in body
+    client = anthropic.Anthropic(base_url=anthropic_url(srv, "malformed_json"), api_key="x")
+    with pytest.raises(json.JSONDecodeError), client.messages.stream(**MESSAGES) as stream:
+        for _ in stream:
+            pass
+    client.close()
+
+
+def test_malformed_json_on_responses_is_a_named_event(srv: ServerThread) -> None:
+    payload = {**RESPONSES, "stream": True}
+    _, _, body, _, _ = raw_stream(srv, "responses", payload, "malformed_json", 5)
+    assert b"event: response.output_text.delta\ndata: {not json" in body
+
+
+@pytest.mark.parametrize(
+    ("fault", "payload"),
+    [
+        (None, {"model": "claude", "messages": []}),  # no max_tokens: a bad request.
+        ("no_such_fault", MESSAGES),  # an unknown fault: a bad request too.
+    ],
+)
+def test_messages_400s_are_anthropic_shaped(
+    srv: ServerThread, fault: str | None, payload: object
+) -> None:
+    url = srv.base_url + api_path(srv, "messages")
+    headers = {} if fault is None else {"X-Fault": fault}
+    response = httpx.post(url, json=payload, headers=headers, timeout=10)
+    assert response.status_code == 400
+    body = response.json()
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"]
+    client = anthropic.Anthropic(base_url=anthropic_url(srv), api_key="x", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        client.messages.create(
+            model="claude",
+            max_tokens=0 if fault is None else 8,
+            messages=[],
+            extra_headers=headers,
+        )
+    assert raised.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    client.close()
+
+
+def test_chat_400s_stay_openai_shaped(srv: ServerThread) -> None:
+    response = post(srv, "chat/completions", {"model": "m"})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "messages"
+    client = openai.OpenAI(base_url=srv.url(), api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="m", messages=[], extra_headers={"X-Fault": "nope"})
+    client.close()

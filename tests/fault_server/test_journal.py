@@ -1,6 +1,6 @@
 """The journal never stalls the server, and never grows without bound.
 
-The latency test runs the server in a process of its own (`tests.wire.cli_server`), fills
+The latency test runs the server in a process of its own (`tests.support.wire.cli_server`), fills
 its journal with 50,000 requests over real sockets, and measures a healthy request's
 latency on another connection while the test queries the journal and asks for verdicts.
 """
@@ -14,6 +14,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ def fill(base_url: str, count: int, keys: int = KEYS, per_connection: int = 1000
         assert pipeline(base_url, batch) == len(batch)
 
 
-def get_json(base_url: str, path: str) -> dict[str, object]:
+def get_json(base_url: str, path: str) -> dict[str, Any]:
     answer = raw_exchange(base_url, http_request("GET", path), seconds=5)
     assert answer.status == 200, answer
     data = answer.json()
@@ -88,7 +89,7 @@ def test_queries_on_50k_requests_add_under_50_ms_to_other_connections(full: str)
     baseline = probe.run(1.0)
     stop = threading.Event()
     costs: list[float] = []
-    seen: dict[str, object] = {}
+    seen: dict[str, dict[str, Any]] = {}
 
     def query() -> None:
         paths = [
@@ -120,7 +121,7 @@ def test_queries_on_50k_requests_add_under_50_ms_to_other_connections(full: str)
     assert isinstance(verdict, dict) and verdict["attempts"] == FILL // KEYS
     keyed = seen["/_fault/journal?key=k7"]
     assert isinstance(keyed, dict)
-    assert sum(len(c["requests"]) for c in keyed["connections"]) == FILL // KEYS  # type: ignore[attr-defined]
+    assert sum(len(c["requests"]) for c in keyed["connections"]) == FILL // KEYS
 
 
 @pytest.mark.slow
@@ -133,7 +134,7 @@ def test_the_journal_pages_through_everything_once_in_order() -> None:
         while True:
             page = get_json(srv.base_url, path)
             pages += 1
-            for conn in page["connections"]:  # type: ignore[attr-defined]
+            for conn in page["connections"]:
                 seen += [(r["connection"], r["index"]) for r in conn["requests"]]
             if page["next"] is None:
                 break
@@ -141,7 +142,7 @@ def test_the_journal_pages_through_everything_once_in_order() -> None:
         assert seen == sorted(seen) and len(seen) == len(set(seen)) == 2500
         assert pages == 7
         keyed = get_json(srv.base_url, "/_fault/journal?key=k3&limit=100")
-        assert sum(len(c["requests"]) for c in keyed["connections"]) == 100  # type: ignore[attr-defined]
+        assert sum(len(c["requests"]) for c in keyed["connections"]) == 100
         assert keyed["next"] is not None
 
 
@@ -158,7 +159,9 @@ def test_forget_drops_a_keys_journal_counts_and_rules(own_server: ServerThread) 
     body = json.dumps({"key": "k0"}).encode()
     answer = raw_exchange(own_server.base_url, http_request("POST", "/_fault/forget", body, JSON))
     assert answer.status == 200, answer
-    assert answer.json() == {"forgot": {"requests": 20, "counts": 1, "rules": 0, "draws": 0}}
+    assert answer.json() == {
+        "forgot": {"requests": 20, "counts": 1, "rules": 0, "draws": 0, "fixtures": 0}
+    }
     assert own_server.journal("k0") == ()
     assert own_server.key_stats("k0").requests == 0
     assert len([r for c in own_server.journal("k1") for r in c.requests]) == 20

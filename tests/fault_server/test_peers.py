@@ -29,11 +29,22 @@ import fault_server
 from fault_server import FAULTS, FaultServer, RecordingError, ServerThread
 from fault_server._wire_tls import TLS_SUPPORTED, _with_openssl
 
-from ..support.wire import CHAT, ROOT, STREAM, Raw, address, chat_path, dechunk, request
+from ..support.timing import MARGIN
+from ..support.wire import (
+    CHAT,
+    ROOT,
+    STREAM,
+    MessagesArgs,
+    Raw,
+    address,
+    chat_path,
+    dechunk,
+    request,
+)
 
 pytestmark = pytest.mark.usefixtures("no_server_errors")
 
-MESSAGES = {
+MESSAGES: MessagesArgs = {
     "model": "claude-test",
     "max_tokens": 64,
     "messages": [{"role": "user", "content": "hello brave new world"}],
@@ -155,9 +166,9 @@ def test_rate_limit_is_a_token_bucket(srv: ServerThread, fault_key: str) -> None
 def test_rate_limit_on_messages_speaks_anthropic(srv: ServerThread, fault_key: str) -> None:
     base = srv.url("rate_limit", limit=1, rate=0.5, key=fault_key).removesuffix("/v1")
     with anthropic.Anthropic(base_url=base, api_key="x", max_retries=0) as client:
-        raw = client.messages.with_raw_response.create(**MESSAGES)  # type: ignore[call-overload]
+        raw = client.messages.with_raw_response.create(**MESSAGES)
         with pytest.raises(anthropic.RateLimitError) as caught:
-            client.messages.create(**MESSAGES)  # type: ignore[call-overload]
+            client.messages.create(**MESSAGES)
     assert raw.headers["anthropic-ratelimit-requests-limit"] == "1"
     assert raw.headers["anthropic-ratelimit-requests-remaining"] == "0"
     assert caught.value.response.headers["retry-after"] == "2"
@@ -204,7 +215,8 @@ def test_tls_listener_serves_every_fault(tls_server: ServerThread) -> None:
 
 def test_openai_sdk_streams_over_tls(tls_server: ServerThread) -> None:
     http = httpx.Client(verify=trusting(tls_server))
-    with openai.OpenAI(base_url=tls_server.tls_url(), api_key="x", http_client=http) as client:
+    # openai types http_client as httpx2's; it takes an httpx one too (its legacy path).
+    with openai.OpenAI(base_url=tls_server.tls_url(), api_key="x", http_client=http) as client:  # type: ignore[arg-type]
         chunks = list(
             client.chat.completions.create(model="m", messages=CHAT["messages"], stream=True)
         )
@@ -336,8 +348,9 @@ def test_cli_tls_and_replay(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
     proc = cli("--replay", str(bad))
@@ -435,3 +448,52 @@ def test_the_openssl_fallback_makes_a_certificate_clients_trust(tmp_path: Path) 
             assert tls.recv(2) == b"ok"
         thread.join(5)
     assert done == [None]
+
+
+@pytest.mark.slow
+def test_replay_with_the_recorded_timing_and_a_speed(own: ServerThread, tmp_path: Path) -> None:
+    """A stream recorded at 5 tokens a second replays at that pace, or faster by the speed,
+    or at once without one."""
+    tape = tmp_path / "tape.jsonl"
+    paced = own.url("token_rate", tps=5)  # an upstream at 8 chunks, 0.2 s apart: ~1.6 s.
+    slow = {**CHAT, "messages": [{"role": "user", "content": "slowly"}]}
+    with (
+        fault_server.running(port=0, max_hold=10.0, upstream=paced, record=tape) as proxy,
+        httpx.Client(base_url=proxy.url(), timeout=10) as client,
+    ):
+        streamed = client.post("/chat/completions", json=STREAM).content
+        whole = client.post("/chat/completions", json=slow).json()
+    (stream_line, whole_line) = [json.loads(line) for line in tape.read_text().splitlines()]
+    times = stream_line["timing"]["frames"]
+    assert len(times) == len(stream_line["frames"])
+    assert times == sorted(times) and times[-1] >= 1.4
+    assert whole_line["timing"]["body"] >= 1.4
+
+    def replayed(speed: float | None) -> tuple[float, float, bytes]:
+        with (
+            fault_server.running(port=0, max_hold=10.0, replay=tape, replay_speed=speed) as srv,
+            httpx.Client(base_url=srv.url(), timeout=10) as client,
+        ):
+            start = time.monotonic()
+            body = client.post("/chat/completions", json=STREAM).content
+            took = time.monotonic() - start
+            start = time.monotonic()
+            assert client.post("/chat/completions", json=slow).json() == whole
+            return took, time.monotonic() - start, body
+
+    as_recorded, whole_as_recorded, body = replayed(1.0)
+    assert body == streamed
+    assert 1.4 <= as_recorded < 1.6 + MARGIN + 0.5
+    assert 1.4 <= whole_as_recorded < 1.6 + MARGIN + 0.5
+    faster, whole_faster, _ = replayed(4.0)
+    assert 0.35 <= faster < 0.4 + MARGIN + 0.3
+    assert 0.35 <= whole_faster < 0.4 + MARGIN + 0.3
+    at_once, whole_at_once, _ = replayed(None)
+    assert at_once < 0.3 + MARGIN and whole_at_once < 0.3 + MARGIN
+
+
+def test_replay_speed_is_checked() -> None:
+    with pytest.raises(ValueError, match="replay_speed"):
+        FaultServer(replay_speed=2.0)  # without replay=
+    with pytest.raises(ValueError, match="replay_speed"):
+        FaultServer(replay="x.jsonl", replay_speed=0)

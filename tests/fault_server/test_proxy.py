@@ -53,7 +53,7 @@ def test_healthy_is_passed_through(proxy: ServerThread, upstream: ServerThread) 
         chunks_ = list(stream)
         ids = [m.id for m in client.models.list()]
     assert reply.model == "real-model"
-    assert reply.choices[0].message.content.startswith("echo: through the proxy")
+    assert (reply.choices[0].message.content or "").startswith("echo: through the proxy")
     text = "".join(c.choices[0].delta.content or "" for c in chunks_ if c.choices)
     assert text.startswith("echo: through the proxy")
     assert chunks_[-1].usage is not None

@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anthropic
 import httpx2
 import openai
 import pydantic
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from fault_server import ServerThread
-from fault_server._structured import MAX_NODES, MAX_TEXT, json_answer
+from fault_server._structured import MAX_NODES, MAX_TEXT, json_answer, tool_arguments
 
 pytestmark = [
     pytest.mark.usefixtures("no_server_errors"),
@@ -24,7 +26,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Async generator 'httpx2\\.:ResourceWarning"),
 ]
 
-SAID = [{"role": "user", "content": "hello there"}]
+SAID: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
 class Inner(pydantic.BaseModel):
@@ -148,3 +150,121 @@ def test_a_long_message_in_many_strings_stays_small(srv: ServerThread) -> None:
     answer = httpx2.post(srv.url() + "/chat/completions", json=body, timeout=10)
     assert answer.status_code == 200
     assert len(answer.content) < 2 * MAX_NODES * (MAX_TEXT + 16)
+
+
+# -- tool calls whose arguments fit each tool's schema -------------------------------------
+
+
+class Weather(pydantic.BaseModel):
+    """Look up the weather."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+    city: str
+    days: int
+    metric: bool
+    unit: str = pydantic.Field(json_schema_extra={"enum": ["c", "f"]})
+    inner: Inner
+    tags: list[str]
+
+
+class Search(pydantic.BaseModel):
+    """Search the web."""
+
+    query: str
+
+
+WEATHER = Weather(
+    city="echo: hello there lorem ipsum dolor sit amet",  # 8 words: the default tokens.
+    days=0,
+    metric=False,
+    unit="c",
+    inner=Inner(count=0, ratio=0, ok=False),
+    tags=[],
+)
+
+
+@pytest.mark.anyio
+async def test_openai_parse_and_stream_with_pydantic_tools(srv: ServerThread) -> None:
+    tools = [openai.pydantic_function_tool(Weather), openai.pydantic_function_tool(Search)]
+    async with openai.AsyncOpenAI(base_url=srv.url(), api_key="x", max_retries=0) as client:
+        parsed = await client.chat.completions.parse(model="m", messages=SAID, tools=tools)
+        async with client.chat.completions.stream(model="m", messages=SAID, tools=tools) as events:
+            streamed = await events.get_final_completion()
+        forced = await client.chat.completions.parse(
+            model="m",
+            messages=SAID,
+            tools=tools,
+            tool_choice={"type": "function", "function": {"name": "Search"}},
+        )
+    for completion in (parsed, streamed):
+        (call,) = completion.choices[0].message.tool_calls or []
+        assert call.function.name == "Weather"
+        assert call.function.parsed_arguments == WEATHER
+        Weather.model_validate_json(call.function.arguments, strict=True)
+    (call,) = forced.choices[0].message.tool_calls or []
+    assert call.function.parsed_arguments == Search(query=WEATHER.city)
+
+
+@pytest.mark.anyio
+async def test_openai_responses_parse_and_stream_with_pydantic_tools(srv: ServerThread) -> None:
+    tools = [openai.pydantic_function_tool(Weather)]
+    async with openai.AsyncOpenAI(base_url=srv.url(), api_key="x", max_retries=0) as client:
+        parsed = await client.responses.parse(model="m", input="hello there", tools=tools)
+        async with client.responses.stream(model="m", input="hello there", tools=tools) as events:
+            streamed = await events.get_final_response()
+        async with client.responses.stream(
+            model="m", input="hello there", text_format=Answer
+        ) as formatted:
+            structured = await formatted.get_final_response()
+    assert structured.output_parsed is not None
+    assert structured.output_parsed.inner == Inner(count=0, ratio=0, ok=False)
+    for response in (parsed, streamed):
+        (item,) = response.output
+        assert item.type == "function_call"
+        assert item.parsed_arguments == WEATHER
+        Weather.model_validate_json(item.arguments, strict=True)
+
+
+@pytest.mark.anyio
+async def test_anthropic_tool_use_and_parse_fit_their_schemas(srv: ServerThread) -> None:
+    tool: anthropic.types.ToolParam = {
+        "name": "weather",
+        "input_schema": Weather.model_json_schema(),
+    }
+    said: Any = SAID
+    async with anthropic.AsyncAnthropic(
+        base_url=srv.url().removesuffix("/v1"), api_key="x", max_retries=0
+    ) as client:
+        created = await client.messages.create(
+            model="c", max_tokens=64, messages=said, tools=[tool]
+        )
+        async with client.messages.stream(
+            model="c", max_tokens=64, messages=said, tools=[tool]
+        ) as events:
+            streamed = await events.get_final_message()
+        parsed = await client.messages.parse(
+            model="c", max_tokens=64, messages=said, output_format=Answer
+        )
+        async with client.messages.stream(
+            model="c", max_tokens=64, messages=said, output_format=Answer
+        ) as structured:
+            streamed_parsed = await structured.get_final_message()
+    for message in (created, streamed):
+        block = message.content[0]
+        assert block.type == "tool_use"
+        assert Weather.model_validate(block.input, strict=True) == WEATHER
+    assert streamed_parsed.parsed_output == parsed.parsed_output
+    assert parsed.parsed_output == Answer(
+        answer="echo: hello there",
+        mood="echo: hello there",
+        kind="a",
+        inner=Inner(count=0, ratio=0, ok=False),
+        items=[],
+    )
+
+
+def test_tool_arguments_fit_the_schema_or_fall_back_to_text() -> None:
+    assert json.loads(tool_arguments(Weather.model_json_schema(), "x"))["city"] == "x"
+    assert json.loads(tool_arguments({"type": "object"}, "x")) == {"text": "x"}
+    assert json.loads(tool_arguments(None, "x")) == {"text": "x"}
+    assert json.loads(tool_arguments({"properties": 5}, "x")) == {"text": "x"}

@@ -48,16 +48,16 @@ def require(module: str, reason: str) -> ModuleType:
         pytest.skip(f"{reason} ({e})")
 
 
-def stallproof_cause(error: BaseException) -> stallproof.StallproofError:
-    """The stallproof error behind what a framework raised: its cause chain holds it."""
+def stallproof_cause(error: BaseException) -> stallproof.TimeoutException:
+    """The stallproof bound behind what a framework raised: its cause chain holds it."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
-        if isinstance(current, stallproof.StallproofError):
+        if isinstance(current, stallproof.TimeoutException):
             return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
-    raise AssertionError(f"no stallproof error behind {error!r}") from error
+    raise AssertionError(f"no stallproof timeout behind {error!r}") from error
 
 
 class Hardened:

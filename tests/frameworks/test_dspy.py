@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.frameworks, pytest.mark.anyio]
 @pytest.fixture
 def dspy(hardened: Hardened) -> Iterator[Any]:
     lib = require("dspy", "dspy is not installed (stallproof[frameworks])")
-    litellm = require("litellm", "litellm is not installed (stallproof[frameworks])")
+    litellm: Any = require("litellm", "litellm is not installed (stallproof[frameworks])")
     before = litellm.aclient_session
     litellm.suppress_debug_info = True
     litellm.aclient_session = hardened.http_client()  # dspy's litellm engine sends through it

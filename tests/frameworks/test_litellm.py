@@ -35,7 +35,7 @@ MESSAGES = [{"role": "user", "content": "hello there"}]
 
 @pytest.fixture
 def litellm() -> Iterator[Any]:
-    lib = require("litellm", "litellm is not installed (stallproof[frameworks])")
+    lib: Any = require("litellm", "litellm is not installed (stallproof[frameworks])")
     before = lib.aclient_session
     lib.suppress_debug_info = True  # no "Give Feedback" banner on every error
     yield lib

@@ -17,7 +17,7 @@ import pytest
 
 import stallproof
 
-from ..support.clients import assert_pool_clean
+from ..support.clients import MakeClient, assert_pool_clean
 from ..support.timing import MARGIN, stopwatch
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.anyio]
@@ -41,7 +41,7 @@ def _chain(error: BaseException) -> list[BaseException]:
     return seen
 
 
-async def test_pydantic_ai(fault_server: Any, make_client: Any) -> None:
+async def test_pydantic_ai(fault_server: Any, make_client: MakeClient) -> None:
     from pydantic_ai import Agent
 
     try:
@@ -52,7 +52,7 @@ async def test_pydantic_ai(fault_server: Any, make_client: Any) -> None:
     from pydantic_ai.providers.openai import OpenAIProvider
 
     def agent(client: stallproof.Client) -> Agent[None, str]:
-        provider = OpenAIProvider(openai_client=client)  # type: ignore[arg-type]
+        provider = OpenAIProvider(openai_client=client)  # type: ignore[arg-type, unused-ignore]
         return Agent(OpenAIChatModel(MODEL, provider=provider))
 
     client = make_client(fault_server.url())
@@ -70,11 +70,11 @@ async def test_pydantic_ai(fault_server: Any, make_client: Any) -> None:
     assert_pool_clean(stalled)
 
 
-async def test_openai_agents(fault_server: Any, make_client: Any) -> None:
+async def test_openai_agents(fault_server: Any, make_client: MakeClient) -> None:
     from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner
 
     def agent(client: stallproof.Client) -> Agent[None]:
-        model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)  # type: ignore[arg-type]
+        model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)  # type: ignore[arg-type, unused-ignore]
         return Agent(name="a", instructions="be brief", model=model)
 
     config = RunConfig(tracing_disabled=True)
@@ -97,7 +97,7 @@ async def test_openai_agents(fault_server: Any, make_client: Any) -> None:
 # autogen dumps the ParsedChatCompletion, whose generic ``parsed`` pydantic serialises with
 # this warning: openai.AsyncOpenAI's own parse() result does the same.
 @pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
-async def test_autogen_ext(fault_server: Any, make_client: Any) -> None:
+async def test_autogen_ext(fault_server: Any, make_client: MakeClient) -> None:
     """autogen-ext's `BaseOpenAIChatCompletionClient` takes the client as is; structured
     output goes through ``client.beta.chat.completions.parse``."""
     from autogen_core.models import CreateResult, ModelInfo, UserMessage
@@ -117,7 +117,7 @@ async def test_autogen_ext(fault_server: Any, make_client: Any) -> None:
 
     def model(client: stallproof.Client) -> Any:
         return BaseOpenAIChatCompletionClient(
-            client,  # type: ignore[arg-type]
+            client,  # type: ignore[arg-type, unused-ignore]
             create_args={"model": MODEL},
             model_info=info,
         )

@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletionMessage
 
 import stallproof
 
-from ..support.clients import KEY, assert_pool_clean, spying_client
+from ..support.clients import KEY, MakeClient, assert_pool_clean, spying_client
 from ..support.timing import MARGIN, stopwatch
 
 pytestmark = pytest.mark.anyio
@@ -26,7 +26,7 @@ MSGS: list[Any] = [{"role": "user", "content": "hello there"}]
 
 
 async def test_status_error_is_openais_with_its_attributes(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     url = fault_server.url("status", code=429, retry_after=3)
     client = make_client(url)
@@ -49,7 +49,7 @@ async def test_status_error_is_openais_with_its_attributes(
 
 
 async def test_a_bound_is_openais_timeout_not_a_builtin_one(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url("stall_headers", hold=5))
     with stopwatch() as elapsed, pytest.raises(openai.APITimeoutError) as info:
@@ -62,7 +62,7 @@ async def test_a_bound_is_openais_timeout_not_a_builtin_one(
     assert info.value.request.url.path.endswith("/chat/completions")
 
 
-async def test_a_refused_connection_is_openais_connection_error(make_client: Any) -> None:
+async def test_a_refused_connection_is_openais_connection_error(make_client: MakeClient) -> None:
     import socket
 
     with socket.socket() as s:
@@ -75,7 +75,9 @@ async def test_a_refused_connection_is_openais_connection_error(make_client: Any
     assert not isinstance(info.value, openai.APITimeoutError)
 
 
-async def test_a_404_names_the_url_and_the_missing_v1(fault_server: Any, make_client: Any) -> None:
+async def test_a_404_names_the_url_and_the_missing_v1(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     root = fault_server.url().rsplit("/v1", 1)[0]
     client = make_client(root)  # the usual mistake: no /v1
     with pytest.raises(openai.NotFoundError) as info:
@@ -96,12 +98,13 @@ async def test_a_404_names_the_url_and_the_missing_v1(fault_server: Any, make_cl
 
 
 async def test_message_objects_are_sent_as_openai_sends_them(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client, sent = spying_client(make_client, fault_server.url())
     tools: Any = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     first = await client.chat.completions.create(model="m", messages=MSGS, tools=tools)
     message = first.choices[0].message
+    assert message.tool_calls
     call = message.tool_calls[0]
     mine = ChatCompletionMessage(role="assistant", content="from openai's own type")
     messages: list[Any] = [
@@ -121,18 +124,18 @@ async def test_message_objects_are_sent_as_openai_sends_them(
 
 
 async def test_a_message_that_is_neither_is_a_clear_error(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url())
     with pytest.raises(stallproof.InvalidRequestError, match=r"messages\[1\] must be a mapping"):
-        await client.chat.completions.create(model="m", messages=[*MSGS, object()])
+        await client.chat.completions.create(model="m", messages=[*MSGS, object()])  # type: ignore[list-item]
 
 
 # -- client arguments ------------------------------------------------------------------
 
 
 async def test_openai_client_arguments(
-    fault_server: Any, make_client: Any, monkeypatch: pytest.MonkeyPatch
+    fault_server: Any, make_client: MakeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_ORG_ID", "org-env")
     monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-env")
@@ -159,7 +162,7 @@ async def test_openai_client_arguments(
     assert client.organization == "org-env"  # the original is unchanged
 
 
-async def test_the_query_goes_on_every_request(fault_server: Any, make_client: Any) -> None:
+async def test_the_query_goes_on_every_request(fault_server: Any, make_client: MakeClient) -> None:
     client, sent = spying_client(
         make_client, fault_server.url(), default_query={"api-version": "v9"}
     )
@@ -194,7 +197,9 @@ def test_with_options_refuses_what_belongs_to_the_engine() -> None:
 # -- every surface is bounded and releases its connection ------------------------------
 
 
-async def test_models_and_embeddings_are_bounded(fault_server: Any, make_client: Any) -> None:
+async def test_models_and_embeddings_are_bounded(
+    fault_server: Any, make_client: MakeClient
+) -> None:
     client = make_client(fault_server.url("stall_headers", hold=5))
     with stopwatch() as elapsed, pytest.raises(stallproof.TotalTimeout):
         await client.models.list(timeout=0.3)
@@ -208,7 +213,7 @@ async def test_models_and_embeddings_are_bounded(fault_server: Any, make_client:
 # Breaking out of openai's stream helper leaves *its* async generator to the GC (on trio).
 @pytest.mark.filterwarnings("ignore:Async generator 'openai\\.:ResourceWarning")
 async def test_the_stream_helper_is_bounded_and_released(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url("sse_stall", after=2, hold=5))
     with stopwatch() as elapsed, pytest.raises(stallproof.IdleTimeout):
@@ -228,15 +233,15 @@ async def test_the_stream_helper_is_bounded_and_released(
 
 
 async def test_responses_raw_and_streaming_release_the_connection(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url(tokens=50))
     raw = await client.chat.completions.with_raw_response.create(model="m", messages=MSGS)
     assert raw.status_code == 200 and raw.request_id == raw.headers["x-request-id"]
     assert raw.parse().choices[0].message.content
-    for stream in (False, True):
+    for streaming in (False, True):
         async with client.chat.completions.with_streaming_response.create(
-            model="m", messages=MSGS, stream=stream
+            model="m", messages=MSGS, stream=streaming
         ) as response:
             assert response.status_code == 200  # the body is left unread
     assert_pool_clean(client)
@@ -259,13 +264,15 @@ def test_settings_never_show_secrets() -> None:
         assert KEY not in text
 
 
-async def test_unknown_arguments_are_type_errors_everywhere(make_client: Any) -> None:
+async def test_unknown_arguments_are_type_errors_everywhere(make_client: MakeClient) -> None:
     client = make_client("http://127.0.0.1:9/v1")
     with pytest.raises(TypeError, match="'max_token'"):
         await client.chat.completions.with_raw_response.create(
-            model="m", messages=MSGS, max_token=2
+            model="m",
+            messages=MSGS,
+            max_token=2,  # type: ignore[call-arg]
         )
     with pytest.raises(TypeError, match="'page_size'"):
-        client.models.list(page_size=2)
+        client.models.list(page_size=2)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="'dims'"):
-        await client.embeddings.create(model="e", input="x", dims=3)
+        await client.embeddings.create(model="e", input="x", dims=3)  # type: ignore[call-arg]

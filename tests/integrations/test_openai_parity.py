@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ParsedChatCom
 
 import stallproof
 
-from ..support.clients import KEY, assert_pool_clean
+from ..support.clients import KEY, MakeClient, assert_pool_clean
 from ..support.timing import MARGIN, stopwatch
 
 pytestmark = [
@@ -86,6 +86,7 @@ async def agent_run(client: Any, urls: dict[str, str]) -> dict[str, Any]:
     message = first.choices[0].message
     messages.append(message)
     for call in message.tool_calls or []:
+        assert call.type == "function"
         args = json.loads(call.function.arguments)
         messages.append({"role": "tool", "tool_call_id": call.id, "content": f"saved {args}"})
     final = await create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="none")
@@ -109,6 +110,7 @@ async def agent_run(client: Any, urls: dict[str, str]) -> dict[str, Any]:
                 arguments += (delta.function and delta.function.arguments) or ""
             finish = choice.finish_reason or finish
         usage = chunk.usage or usage
+    assert usage is not None
     seen["stream"] = (types, json.loads(arguments), finish, usage.model_dump())
 
     # 3. Structured outputs: a strict pydantic tool and a pydantic response_format.
@@ -119,6 +121,7 @@ async def agent_run(client: Any, urls: dict[str, str]) -> dict[str, Any]:
         response_format=Answer,
     )
     assert isinstance(parsed, ParsedChatCompletion)
+    assert parsed.choices[0].message.tool_calls
     tool_call = parsed.choices[0].message.tool_calls[0]
     seen["parse"] = (parsed.choices[0].message.parsed, tool_call.function.parsed_arguments)
 
@@ -160,7 +163,7 @@ async def agent_run(client: Any, urls: dict[str, str]) -> dict[str, Any]:
             e.code,
             e.type,
             e.param,
-            sorted(e.body),
+            sorted(e.body) if isinstance(e.body, dict) else e.body,
             e.response.status_code,
             e.request_id is not None,
             isinstance(e, openai.APIStatusError),
@@ -221,7 +224,7 @@ async def test_agent_code_sees_the_same_with_openai_and_stallproof(fault_server:
 
 
 async def test_results_are_openai_types_and_fit_pydantic_fields(
-    fault_server: Any, make_client: Any
+    fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url())
     resp = await client.chat.completions.create(

@@ -78,11 +78,11 @@ def test_max_retries_becomes_the_engines_retry() -> None:
 
 
 def test_an_http_client_that_cannot_carry_the_engine_is_refused() -> None:
-    # A caller's own httpx2 client is taken (tests/test_sdk_own_client.py).
+    # A caller's own httpx2 client is taken (tests/integrations/test_sdk_own_client.py).
     with pytest.raises(stallproof.InvalidRequestError, match="already has its engine"):
         face("http://x/v1", http_client=stallproof.http_client2(), breaker=stallproof.Breaker())
     with pytest.raises(stallproof.InvalidRequestError, match=r"httpx2\.AsyncClient"):
-        stallproof.anthropic.AsyncAnthropic(api_key=KEY, http_client=stallproof.http_client())
+        stallproof.anthropic.AsyncAnthropic(api_key=KEY, http_client=stallproof.http_client())  # type: ignore[arg-type]
 
 
 async def test_copies_share_the_engine_and_take_their_own_bounds(fault_server: Any) -> None:
@@ -197,7 +197,8 @@ async def test_the_stock_sdk_on_stallproofs_httpx2_client(fault_server: Any) -> 
 async def test_a_face_takes_a_stallproof_http_client(fault_server: Any) -> None:
     http = stallproof.http_client2(timeout=BUDGET, retry=None)
     async with face(fault_server.url(), http_client=http) as client:
-        assert client.engine is http._transport.engine  # type: ignore[attr-defined]
+        assert isinstance(http._transport, stallproof.AsyncTransport2)
+        assert client.engine is http._transport.engine
         assert (await ask(client)).choices
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import openai
 import pytest
 
 import stallproof
@@ -71,6 +72,7 @@ async def test_responses_against_the_stall_faults(
         try:
             r = await client.responses.create(model="m", input="hi", stream=stream)
             if stream:
+                assert isinstance(r, openai.AsyncStream)
                 async for _ in r:
                     last_event = time.monotonic()
         except Exception as e:

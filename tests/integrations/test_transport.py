@@ -77,9 +77,11 @@ async def test_healthy_call_and_stream(fault_server: Any, lib: Any) -> None:
 async def test_bounds_fire_as_both_error_families(
     fault_server: Any, lib: Any, fault: str, stream: bool, bound: str, lib_class: str
 ) -> None:
-    params: dict[str, Any] = {"sse_stall": {"after": 2}, "trickle_body": {"interval": 0.2}}.get(
-        fault, {}
-    )
+    extra: dict[str, dict[str, Any]] = {
+        "sse_stall": {"after": 2},
+        "trickle_body": {"interval": 0.2},
+    }
+    params = extra.get(fault, {})
     url = fault_server.url(fault, hold=HOLD, **params) + "/chat/completions"
     async with make(lib) as client:
         with stopwatch() as elapsed, pytest.raises(stallproof.TimeoutException) as info:

@@ -5,9 +5,10 @@
   `spying_client` (what went on the wire, through an ``http_client`` event hook).
 - `rawserver`: a socket server answering with exact bytes, for malformed answers.
 - `wire`: raw HTTP/1.1 over sockets to a fault server, and the CLI server in a subprocess.
-- `messages_server`: a misbehaving Anthropic Messages server.
+- `sdk_catalogue`: the fault catalogue as the SDK faces meet it (shared by their tests).
 - `proxyserver`: a forward/CONNECT/SOCKS5 proxy on loopback.
 - `fleet`: a real redis-server and worker processes (`fleet_worker.py`) for fleet state.
+- `otel`: OpenTelemetry attributes and metric points, read with their kind asserted.
 
 Fixtures live in the conftest.py of the group that uses them (tests/conftest.py for all).
 """

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 import stallproof
 from stallproof._wire._pool import PoolStats
+
+
+class MakeClient(Protocol):
+    """The ``make_client`` fixture (tests/conftest.py): a `stallproof.Client` for
+    ``base_url``, closed and checked for leaks when the test ends."""
+
+    def __call__(self, base_url: str, **kwargs: Any) -> stallproof.Client: ...
+
 
 # A fake API key; tests assert it never shows up in reprs, errors, logs or spans.
 KEY = "sk-test-SECRET-0123456789"
@@ -30,6 +38,13 @@ def pool_state(client: stallproof.Client) -> PoolStats:
     return client._engine.pool.stats()
 
 
+def pacer_state(client: stallproof.Client) -> stallproof.PacerState:
+    """The client's pacer: permits in use, queued, its limit, where its state is shared."""
+    state = client.pacer_state()
+    assert state is not None, "the client was built without a pacer"
+    return state
+
+
 def assert_pool_clean(client: stallproof.Client) -> None:
     """No call holds a connection or waits for one."""
     state = pool_state(client)
@@ -49,7 +64,7 @@ async def complete(client: stallproof.Client, *, stream: bool, **kwargs: Any) ->
 
 
 async def hold_the_only_connection(
-    make_client: Any, fault_server: Any
+    make_client: MakeClient, fault_server: Any
 ) -> tuple[stallproof.Client, stallproof.AsyncStream]:
     """A one-connection client whose connection is held by a stream stalled mid-way."""
     client: stallproof.Client = make_client(
@@ -83,7 +98,9 @@ class Sent:
         self.bodies.append(request.content)
 
 
-def spying_client(make_client: Any, base_url: str, **kwargs: Any) -> tuple[Any, Sent]:
+def spying_client(
+    make_client: MakeClient, base_url: str, **kwargs: Any
+) -> tuple[stallproof.Client, Sent]:
     """A client that sends through an ``http_client`` whose event hook records each request
     (the public seam for seeing what goes on the wire)."""
     sent = Sent()

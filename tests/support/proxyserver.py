@@ -303,7 +303,9 @@ class ProxyServer:
 
 def _ready(socks: list[socket.socket]) -> list[socket.socket]:
     """The sockets with something to read within 50 ms (TLS data already decrypted too)."""
-    pending = [s for s in socks if isinstance(s, ssl.SSLSocket) and s.pending()]
+    pending: list[socket.socket] = [
+        s for s in socks if isinstance(s, ssl.SSLSocket) and s.pending()
+    ]
     if pending:
         return pending
     readable, _, _ = select.select(socks, [], [], 0.05)

@@ -61,9 +61,14 @@ class SentClock:
 
     def __init__(self, sdk_client: Any) -> None:
         self.sent: float | None = None
-        sdk_client._client.event_hooks = {"request": [self._mark], "response": []}
+        is_async = hasattr(sdk_client._client, "aclose")  # a sync client's hooks are sync
+        hook = self._mark if is_async else self._mark_sync
+        sdk_client._client.event_hooks = {"request": [hook], "response": []}
 
     async def _mark(self, request: Any) -> None:
+        self.sent = time.monotonic()
+
+    def _mark_sync(self, request: Any) -> None:
         self.sent = time.monotonic()
 
     def elapsed(self) -> float:

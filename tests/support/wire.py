@@ -18,8 +18,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
+
+from anthropic.types import MessageParam
+from openai.types.chat import ChatCompletionMessageParam
+from typing_extensions import TypedDict
 
 from fault_server import FaultServer, ServerThread
 
@@ -28,7 +32,10 @@ __all__ = [
     "ROOT",
     "STREAM",
     "Answer",
+    "ChatArgs",
+    "MessagesArgs",
     "Raw",
+    "StreamArgs",
     "address",
     "chat_path",
     "chunks",
@@ -162,10 +169,31 @@ def cli_server(*args: str, **popen: Any) -> Iterator[tuple[str, subprocess.Popen
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 
 
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello brave new world"}]}
+class ChatArgs(TypedDict):
+    """A chat request's body, typed as the SDKs' ``create`` takes it (``**CHAT``)."""
+
+    model: str
+    messages: list[ChatCompletionMessageParam]
 
 
-STREAM = {**CHAT, "stream": True}
+CHAT: ChatArgs = {"model": "m", "messages": [{"role": "user", "content": "hello brave new world"}]}
+
+
+class MessagesArgs(TypedDict):
+    """An Anthropic Messages request's body, typed as the SDK's ``create`` takes it."""
+
+    model: str
+    max_tokens: int
+    messages: list[MessageParam]
+
+
+class StreamArgs(ChatArgs):
+    """`ChatArgs` with ``stream=True``: the SDKs' ``create(**STREAM)`` returns a stream."""
+
+    stream: Literal[True]
+
+
+STREAM: StreamArgs = {**CHAT, "stream": True}
 
 
 def request(

@@ -6,14 +6,8 @@ translates requests in and responses, errors and settings out, in the shape the 
 library expects. The public faces are `stallproof.openai` and `stallproof.anthropic`
 (SDK subclasses) and the transports re-exported by `stallproof`.
 
-================ ================================================================
-module           what is in it
-================ ================================================================
-`_transport`     `AsyncTransport` (httpx) and `AsyncTransport2` (httpx2): the engine
-                 as an httpx transport; `http_client()`, `http_client2()`
-`_sdk`           what the SDK faces share: `harden` (the engine under an SDK
-                 client), `FaceMixin`, `TranslatingDecoder` (mid-stream errors as
-                 the SDK's own classes)
-`_own_client`    a caller's own httpx/httpx2 client kept under a face
-================ ================================================================
-"""
+Sync faces hand their work to one event loop in a daemon thread (`_engine_loop`), where
+the engine runs as it does for async callers: the sync adapters reuse the async ones'
+translation, and no bound is written twice.
+
+================= ========================================================"""

@@ -25,8 +25,8 @@ How the SDK's settings map:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 import httpx2
@@ -39,7 +39,10 @@ from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._policies import Retry
 from ._own_client import adopt
+from ._streams import without_cycle
+from ._sync_transport import Transport, Transport2
 from ._transport import AsyncTransport, AsyncTransport2
+from ._typed import TypedEvent, check_result, invalid_result, unsendable_header
 
 __all__ = ["FaceMixin", "Hardening", "TranslatingDecoder", "harden", "map_timeout", "rebind"]
 
@@ -88,9 +91,10 @@ def _retry_from(retry: Retry | Unset | None, max_retries: object) -> Retry | Uns
 
 
 def engine_of(http_client: object) -> Engine | None:
-    """The engine under a client built by `http_client2()` / `http_client()`, if any."""
+    """The engine under a client built by `http_client2()` / `http_client()` (or their sync
+    forms), if any."""
     transport = getattr(http_client, "_transport", None)
-    if isinstance(transport, (AsyncTransport, AsyncTransport2)):
+    if isinstance(transport, (AsyncTransport, AsyncTransport2, Transport, Transport2)):
         return transport.engine
     return None
 
@@ -103,13 +107,17 @@ class Hardening:
     timeouts: Timeouts
     retry: Retry | Unset | None = UNSET
 
-    def call_options(self, per_call_timeout: object, body: object) -> CallOptions:
+    def call_options(
+        self, per_call_timeout: object, body: object, credentials: frozenset[str] = frozenset()
+    ) -> CallOptions:
         """What one request tells the engine: this client's bounds, tightened per call,
-        and the JSON body the SDK is sending (so the engine need not parse it again)."""
+        the JSON body the SDK is sending (so the engine need not parse it again) and the
+        SDK's auth header names (dropped on a redirect to another origin)."""
         return CallOptions(
             timeouts=map_timeout(per_call_timeout, self.timeouts),
             retry=self.retry,
             body=body if isinstance(body, dict) else None,
+            credentials=credentials,
         )
 
     def sdk_timeout(self) -> httpx2.Timeout:
@@ -133,6 +141,7 @@ def harden(
     settings: dict[str, Any],
     engine: Engine | None,
     allow_httpx: bool,
+    sync: bool = False,
 ) -> tuple[Hardening, Any]:
     """The engine for a new face, and the http client to hand the SDK.
 
@@ -140,6 +149,8 @@ def harden(
     ``httpx2.AsyncClient``. With one built by stallproof (`http_client2()`, or an
     ``httpx2.AsyncClient(transport=AsyncTransport2(...))``), its engine. With the caller's
     own client, a new engine installed as its transport (`stallproof._faces._own_client`).
+    ``sync``: the same for a sync face, with ``httpx2.Client`` and `Transport2`; a caller's
+    own sync client is refused (its transports block: the engine cannot send through them).
     """
     retry = _retry_from(retry, max_retries)
     settings = {k: v for k, v in settings.items() if v is not UNSET}
@@ -155,19 +166,38 @@ def harden(
                 settings["retry"] = retry
             engine = Engine(timeout=timeouts, **settings)
         hardening = Hardening(engine, timeouts, retry)
-        client = httpx2.AsyncClient(
-            transport=AsyncTransport2(engine),
-            timeout=hardening.sdk_timeout(),
-            follow_redirects=True,  # as the SDKs' own default clients do
-        )
+        # The engine follows redirects itself, inside the call's one deadline: this client
+        # never sees one (see `stallproof._redirects`).
+        client: httpx2.Client | httpx2.AsyncClient
+        if sync:
+            client = httpx2.Client(
+                transport=Transport2(engine),
+                timeout=hardening.sdk_timeout(),
+                follow_redirects=False,
+            )
+        else:
+            client = httpx2.AsyncClient(
+                transport=AsyncTransport2(engine),
+                timeout=hardening.sdk_timeout(),
+                follow_redirects=False,
+            )
         return hardening, client
-    kinds = (httpx2.AsyncClient, httpx.AsyncClient) if allow_httpx else (httpx2.AsyncClient,)
+    kind = "Client" if sync else "AsyncClient"
+    kinds = (
+        (getattr(httpx2, kind), getattr(httpx, kind)) if allow_httpx else (getattr(httpx2, kind),)
+    )
     if not isinstance(http_client, kinds):
-        wanted = "an httpx2.AsyncClient" + (" or httpx.AsyncClient" if allow_httpx else "")
+        wanted = f"an httpx2.{kind}" + (f" or httpx.{kind}" if allow_httpx else "")
         raise exc.InvalidRequestError(
             f"http_client must be {wanted}, got {type(http_client).__name__}"
         )
     engine = engine_of(http_client)
+    if engine is None and sync:
+        raise exc.InvalidRequestError(
+            f"http_client must be built by stallproof.sync_http_client2() (or "
+            f"sync_http_client()), got your own {type(http_client).__name__}: its transports "
+            "block, and stallproof's engine cannot send through them"
+        )
     if engine is None:  # the caller's own client: the engine becomes its transport
         timeouts = map_timeout(timeout, Timeouts())
         if retry is not UNSET:
@@ -185,6 +215,8 @@ class FaceMixin:
     """The views and request hook every SDK face adds to the SDK's client."""
 
     _stallproof: Hardening
+    #: A sync face (the SDK's sync client, over `Transport2`).
+    _sync: ClassVar[bool] = False
 
     @property
     def engine(self) -> Engine:
@@ -209,13 +241,33 @@ class FaceMixin:
         return self._stallproof.engine.circuits()
 
     def _build_request(self, options: Any, *, retries_taken: int = 0) -> Any:
-        request = super()._build_request(  # type: ignore[misc]
-            options, retries_taken=retries_taken
-        )
+        try:
+            request = super()._build_request(  # type: ignore[misc]
+                options, retries_taken=retries_taken
+            )
+        except UnicodeEncodeError:
+            request = None  # raised below, outside the handler: the codec quotes the value
+        if request is None:
+            raise unsendable_header(self, options)
         request.extensions["stallproof"] = self._stallproof.call_options(
-            options.timeout, options.json_data
+            options.timeout, options.json_data, _auth_header_names(self)
         )
         return request
+
+    async def _process_response(self, **kwargs: Any) -> Any:
+        # A stream dropped unread is freed at once, its call ended (`_faces._streams`).
+        return without_cycle(await super()._process_response(**kwargs))  # type: ignore[misc]
+
+    def _process_response_data(self, *, data: object, cast_to: Any, response: Any) -> Any:
+        # Every result the SDK builds from JSON, whole or a stream's chunk: one missing a
+        # required object or list is the SDK's own validation error (`_faces._typed`).
+        result = super()._process_response_data(  # type: ignore[misc]
+            data=data, cast_to=cast_to, response=response
+        )
+        path = check_result(result, cast_to)
+        if path is not None:
+            raise invalid_result(self, response, data, path)
+        return result
 
     def copy(self: _F, *, timeout: Any = UNSET, max_retries: Any = UNSET, **kwargs: Any) -> _F:
         """The SDK's ``copy()``: the copy shares this client's engine (or takes the one
@@ -229,6 +281,18 @@ class FaceMixin:
         return copied
 
     with_options = copy
+
+
+def _auth_header_names(client: Any) -> frozenset[str]:
+    # The SDKs name their credential headers in ``auth_headers`` (openai: Authorization;
+    # anthropic: X-Api-Key, Authorization); a caller's subclass may add its own there.
+    try:
+        headers = client.auth_headers
+    except Exception:  # an SDK whose key is not ready yet: the engine's own list applies
+        return frozenset()
+    if not isinstance(headers, Mapping):
+        return frozenset()
+    return frozenset(str(name).lower() for name in headers)
 
 
 def rebind(hardening: Hardening, http_client: Any) -> Hardening:
@@ -260,17 +324,22 @@ class TranslatingDecoder:
     def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
         return _TranslatedEvents(self._inner.aiter_bytes(iterator), *self._errors)
 
+    def iter_bytes(self, iterator: Iterator[bytes]) -> Iterator[Any]:
+        return _TranslatedEvents(self._inner.iter_bytes(iterator), *self._errors)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
 
 class _TranslatedEvents:
-    """The decoder's events, errors translated. A plain iterator, not an async generator:
-    when the SDK drops it unfinished (its own stream raised), nothing is left to finalise."""
+    """The decoder's events (async or sync, as the SDK's stream reads them), errors
+    translated, each a `TypedEvent` (its ``json()`` typed). A plain iterator, not a
+    generator: when the SDK drops it unfinished (its own stream raised), nothing is left
+    to finalise."""
 
     def __init__(
         self,
-        events: AsyncIterator[Any],
+        events: Any,
         timeout_error: type[Exception],
         connection_error: type[Exception],
     ) -> None:
@@ -283,11 +352,22 @@ class _TranslatedEvents:
 
     async def __anext__(self) -> Any:
         try:
-            return await anext(self._events)
-        except _TIMEOUTS as e:
-            raise self._timeout_error(request=_request_of(e)) from e  # type: ignore[call-arg]
-        except _CONNECTION as e:
-            raise self._connection_error(request=_request_of(e)) from e  # type: ignore[call-arg]
+            return TypedEvent(await anext(self._events))
+        except _CONNECTION as e:  # timeouts included
+            raise self._translated(e) from e
+
+    def __iter__(self) -> _TranslatedEvents:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return TypedEvent(next(self._events))
+        except _CONNECTION as e:  # timeouts included
+            raise self._translated(e) from e
+
+    def _translated(self, error: Exception) -> Exception:
+        cls = self._timeout_error if isinstance(error, _TIMEOUTS) else self._connection_error
+        return cls(request=_request_of(error))  # type: ignore[call-arg]
 
 
 def _request_of(error: Exception) -> Any:

@@ -33,10 +33,11 @@ from .. import _exceptions as exc
 from .._body import ResponseBody
 from .._breaker import CircuitState
 from .._config import Timeouts, TimeoutTypes
-from .._engine import CallOptions, Engine, Outgoing
+from .._engine import CallOptions, Engine, Incoming, Outgoing
 from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._redact import redacted_request
+from ._typed import typed_json
 
 __all__ = ["AsyncTransport", "AsyncTransport2", "http_client", "http_client2"]
 
@@ -57,6 +58,7 @@ class _Library:
     remote_protocol_error: type[Exception]
     local_protocol_error: type[Exception]
     decoding_error: type[Exception]
+    too_many_redirects: type[Exception]
 
     @classmethod
     def of(cls, m: ModuleType) -> _Library:
@@ -73,6 +75,7 @@ class _Library:
             m.RemoteProtocolError,
             m.LocalProtocolError,
             m.DecodingError,
+            m.TooManyRedirects,
         )
 
     def base_for(self, error: exc.StallproofError) -> type[Exception]:
@@ -88,6 +91,8 @@ class _Library:
             return self.connect_error
         if isinstance(error, exc.ConnectionLost):
             return self.read_error
+        if isinstance(error, exc.TooManyRedirects):
+            return self.too_many_redirects
         if isinstance(error, (exc.TruncatedResponse, exc.ResponseTooLarge)):
             return self.remote_protocol_error
         if isinstance(error, exc.ProtocolError | exc.StreamErrorEvent):
@@ -138,8 +143,8 @@ def _set_request(self: Any, request: Any) -> None:
     self._request = redacted_request(request)
 
 
-async def _outgoing(request: Any) -> Outgoing:
-    content = await request.aread()
+def outgoing(request: Any, content: bytes) -> Outgoing:
+    """An httpx(2) request, its body already read, as the engine's `Outgoing`."""
     url = request.url
     options = request.extensions.get("stallproof")
     return Outgoing(
@@ -152,6 +157,49 @@ async def _outgoing(request: Any) -> Outgoing:
         content,
         timeout=request.extensions.get("timeout"),
         options=options if isinstance(options, CallOptions) else CallOptions(),
+    )
+
+
+async def exchange(engine: Engine, out: Outgoing) -> Incoming:
+    """Send ``out`` through ``engine``; a whole body is closed at once (the call is over:
+    nothing more to wait for), a stream is left to whoever reads it."""
+    incoming = await engine.send(out)
+    if not incoming.body.is_stream:
+        await incoming.body.aclose()
+    return incoming
+
+
+def library_response(lib: _Library, incoming: Incoming, request: Any, stream: Any) -> Any:
+    """The engine's answer as ``lib``'s response: its content, or ``stream`` to read.
+
+    Raises:
+        MalformedResponse (flavoured as ``lib``'s error): a 2xx answer to a request that
+            accepts JSON alone, not labelled JSON and not JSON either — what the SDKs
+            would hand back as a str where a model was expected.
+    """
+    body = incoming.body
+    if not body.is_stream:
+        content = body.content or b""
+        if content and _json_asked_not_given(
+            request, incoming.status, incoming.header("content-type")
+        ):
+            try:
+                typed_json(content)
+            except exc.MalformedResponse as e:
+                raise flavoured(e, lib, request) from None
+        return _response_class(lib)(
+            incoming.status,
+            headers=incoming.headers,
+            content=content,
+            extensions=incoming.extensions,
+            request=request,
+        )
+    return _response_class(lib)(
+        incoming.status,
+        headers=incoming.headers,
+        stream=stream,
+        extensions=incoming.extensions,
+        request=request,
     )
 
 
@@ -187,36 +235,56 @@ class _EngineFace:
 
     async def _handle(self, request: Any) -> Any:
         lib = self._lib
-        out = await _outgoing(request)
+        out = outgoing(request, await request.aread())
         try:
-            incoming = await self.engine.send(out)
+            incoming = await exchange(self.engine, out)
         except exc.StallproofError as e:
             raise flavoured(e, lib, request) from e.__cause__
-        body = incoming.body
-        if not body.is_stream:
-            content = body.content or b""
-            await body.aclose()  # nothing more to wait for: the call is over
-            return lib.module.Response(
-                incoming.status,
-                headers=incoming.headers,
-                content=content,
-                extensions=incoming.extensions,
-                request=request,
-            )
-        return lib.module.Response(
-            incoming.status,
-            headers=incoming.headers,
-            stream=_stream_class(lib)(body, request),
-            extensions=incoming.extensions,
-            request=request,
-        )
+        stream = stream_class(lib)(incoming.body, request) if incoming.body.is_stream else None
+        return library_response(lib, incoming, request, stream)
 
     async def aclose(self) -> None:
         await self.engine.aclose()
 
 
-def _stream_class(lib: _Library) -> type[Any]:
+def _json_asked_not_given(request: Any, status: int, content_type: str | None) -> bool:
+    """A 2xx answer to a request that accepts JSON alone, not labelled as JSON."""
+    if not 200 <= status < 300 or request.headers.get("accept") != "application/json":
+        return False
+    return not (content_type or "").split(";", 1)[0].strip().lower().endswith("json")
+
+
+def stream_class(lib: _Library) -> type[Any]:
+    """The async byte stream class of ``lib`` (`_Stream` or `_Stream2`)."""
     return _Stream if lib is _HTTPX else _Stream2
+
+
+def _response_class(lib: _Library) -> type[Any]:
+    return _Response if lib is _HTTPX else _Response2
+
+
+class _TypedJSON:
+    """A response whose ``json()`` raises a `MalformedResponse` (also the library's
+    ``DecodingError``) for a body that does not parse, never a raw ``JSONDecodeError``
+    (see `stallproof._faces._typed`)."""
+
+    _lib: _Library
+    content: bytes
+    request: Any
+
+    def json(self, **kwargs: Any) -> Any:
+        try:
+            return typed_json(self.content, **kwargs)
+        except exc.MalformedResponse as e:
+            raise flavoured(e, self._lib, self.request) from None
+
+
+class _Response(_TypedJSON, httpx.Response):
+    _lib = _HTTPX
+
+
+class _Response2(_TypedJSON, httpx2.Response):
+    _lib = _HTTPX2
 
 
 class _StreamBase:
@@ -286,6 +354,23 @@ def _client_timeout(lib: ModuleType, timeouts: Timeouts) -> Any:
     )
 
 
+def engine_client(
+    client_class: type[Any],
+    transport_class: type[_EngineFace],
+    *,
+    timeout: TimeoutTypes,
+    engine: Engine | None,
+    settings: dict[str, Any],
+) -> Any:
+    """A ``client_class`` (an httpx or httpx2 client, async or sync) over a new
+    ``transport_class`` on ``engine`` (or on a new engine built from the settings)."""
+    transport = transport_class(
+        engine, **({"timeout": timeout} if engine is None else {}), **settings
+    )
+    lib = transport._lib.module
+    return client_class(transport=transport, timeout=_client_timeout(lib, transport.engine.timeout))
+
+
 def http_client(
     *,
     timeout: TimeoutTypes = Timeouts(),  # noqa: B008 - frozen and immutable
@@ -297,12 +382,10 @@ def http_client(
     Takes the engine's settings (see `AsyncTransport`); httpx's own settings such as
     ``headers`` or ``base_url`` may be set on the returned client.
     """
-    transport = AsyncTransport(
-        engine, **({"timeout": timeout} if engine is None else {}), **settings
+    client: httpx.AsyncClient = engine_client(
+        httpx.AsyncClient, AsyncTransport, timeout=timeout, engine=engine, settings=settings
     )
-    return httpx.AsyncClient(
-        transport=transport, timeout=_client_timeout(httpx, transport.engine.timeout)
-    )
+    return client
 
 
 def http_client2(
@@ -314,9 +397,7 @@ def http_client2(
     """An ``httpx2.AsyncClient`` whose every request goes through stallproof's engine:
     what to hand ``openai.AsyncOpenAI(http_client=...)`` or
     ``anthropic.AsyncAnthropic(http_client=...)``."""
-    transport = AsyncTransport2(
-        engine, **({"timeout": timeout} if engine is None else {}), **settings
+    client: httpx2.AsyncClient = engine_client(
+        httpx2.AsyncClient, AsyncTransport2, timeout=timeout, engine=engine, settings=settings
     )
-    return httpx2.AsyncClient(
-        transport=transport, timeout=_client_timeout(httpx2, transport.engine.timeout)
-    )
+    return client

@@ -67,6 +67,8 @@ class ProxyRoute:
         if not url.host:
             raise InvalidRequestError(f"proxy URL has no host: {safe_url(url)}")
         port = url.port if url.port is not None else _DEFAULT_PORTS[url.scheme]
+        if not 0 < port < 65536:  # httpx takes any number; the connect would fail untyped
+            raise InvalidRequestError(f"proxy URL port {port} is out of range (1-65535)")
         self.origin = httpcore2.Origin(url.raw_scheme, url.raw_host, port)
         self.shown = f"{url.scheme}://{url.host}:{port}"
         self._auth = proxy.raw_auth

@@ -1,0 +1,82 @@
+"""Clocks: the running event loop's, and how a deadline set on one clock reads on another.
+
+A call's bounds are absolute times on its event loop's clock (asyncio's ``loop.time``,
+trio's ``current_time``, which a test's ``MockClock`` may drive). A `deadline()` set in
+sync code has no loop: it is kept on ``time.monotonic``. `on_clock` turns one into the
+other, through the time left, so a deadline set by either form bounds calls on any loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+
+import anyio
+import sniffio
+
+__all__ = ["Clock", "loop_clock", "on_clock", "running_clock"]
+
+Clock = Callable[[], float]
+
+_last_clock: tuple[asyncio.AbstractEventLoop, Clock] | None = None
+
+
+def running_clock() -> Clock | None:
+    """The clock of the event loop running in this thread (asyncio's or trio's), or None
+    in sync code.
+
+    Asks the loops themselves, not sniffio: a worker thread started by
+    ``asyncio.to_thread`` runs in a copy of its task's context, where sniffio's context
+    variable still says "asyncio" although no loop runs in that thread.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return loop_clock()
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            return None
+        return trio.current_time  # type: ignore[no-any-return]
+    return None
+
+
+def loop_clock() -> Clock:
+    """The running event loop's clock: what `anyio.current_time` returns, looked up once.
+
+    `anyio.current_time` finds the backend through sniffio on every call; a call reads
+    the clock a dozen times, so it keeps the function it resolves to (asyncio's
+    ``loop.time``, trio's ``current_time``, which follows a test's ``MockClock``).
+    """
+    global _last_clock
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return anyio.current_time  # not in an event loop: anyio raises its own error
+    if library == "asyncio":
+        loop = asyncio.get_running_loop()
+        last = _last_clock
+        if last is not None and last[0] is loop:
+            return last[1]  # the same bound method for every call on this loop
+        clock = loop.time
+        _last_clock = (loop, clock)
+        return clock
+    if library == "trio":
+        import trio
+
+        return trio.current_time
+    return anyio.current_time  # pragma: no cover - another anyio backend
+
+
+def on_clock(when: float, clock: Clock, expires: float, other: Clock) -> float:
+    """``when`` (a time on ``clock``, which is ``expires`` on ``time.monotonic``) as a
+    time on ``other``: itself on the same clock, else ``other``'s now plus the time left."""
+    if other == clock:  # bound methods of one loop compare equal
+        return when
+    return other() + (expires - time.monotonic())
