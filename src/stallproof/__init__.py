@@ -42,6 +42,7 @@ module              what is in it
 `_telemetry`        OpenTelemetry spans and metrics, stdlib logging
 `_retry`            the retry loop (tenacity) and the budget's tokens
 `_status`           a non-2xx answer -> a typed `APIStatusError`
+`_redirects`        the next request after a 3xx: httpx's rules, credentials dropped
 **policies**        what the engine consults before and after each attempt
 `_policies`         `Retry`, `RetryBudget`, `Pacer`, `Breaker`, `RedisState` (config)
 `_pacer`            `PacerRuntime`: concurrency, per-minute limits, fair turns, AIMD

@@ -106,6 +106,10 @@ class Settings:
         if url.port is not None and not 0 < url.port < 65536:
             raise exc.InvalidRequestError(f"base_url port {url.port} is out of range (1-65535)")
         url = url.copy_with(path=url.path.rstrip("/") + "/")
+        if url.userinfo:
+            # Never sent (requests carry the host alone): not kept either, so
+            # ``str(client.base_url)`` and anything that prints it hold no credential.
+            url = url.copy_with(username=None, password=None)
         timeouts = Timeouts() if is_omitted(timeout) else Timeouts.coerce(timeout)
         policy = _retry_policy(UNSET if is_omitted(retry) else retry, _given(max_retries))
         headers = {"user-agent": _USER_AGENT, "accept": "application/json"}

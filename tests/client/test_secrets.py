@@ -140,7 +140,8 @@ async def test_userinfo_in_base_url_shows_nowhere(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     url = srv.url.replace("http://", f"http://user:{KEY}@")
     client = make_client(url, tracer_provider=provider, breaker=stallproof.Breaker())
-    assert KEY not in repr(client)
+    assert KEY not in repr(client) and KEY not in str(client.base_url)
+    assert KEY not in repr(client.with_options(timeout=5).base_url)
     with pytest.raises(stallproof.InternalServerError) as e:
         await client.chat.completions.create(model="m", messages=MSGS)
     assert_no_key(e.value)

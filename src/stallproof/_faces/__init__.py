@@ -10,4 +10,24 @@ Sync faces hand their work to one event loop in a daemon thread (`_engine_loop`)
 the engine runs as it does for async callers: the sync adapters reuse the async ones'
 translation, and no bound is written twice.
 
-================= ========================================================"""
+================= ===============================================================
+module            what is in it
+================= ===============================================================
+`_transport`      `AsyncTransport` (httpx) and `AsyncTransport2` (httpx2): the engine
+                  as an httpx transport; `http_client()`, `http_client2()`; the
+                  request/response translation the sync adapters share
+`_sync_transport` `Transport` (httpx) and `Transport2` (httpx2): the engine as a sync
+                  transport, through the engine loop; `sync_http_client()`,
+                  `sync_http_client2()`
+`_engine_loop`    `EngineLoop`: the process's one event loop in a daemon thread that
+                  sync calls hand work to (context, cancellation, exit, fork)
+`_sdk`            what the SDK faces share: `harden` (the engine under an SDK
+                  client), `FaceMixin`, `TranslatingDecoder` (mid-stream errors as
+                  the SDK's own classes)
+`_sync_sdk`       `SyncFaceMixin`: a sync SDK face's views, read on the engine loop
+`_own_client`     a caller's own httpx/httpx2 client kept under a face
+`_streams`        an SDK stream without a reference cycle: dropped, freed at once
+`_typed`          every failure typed where an SDK parses: bodies (``json()``),
+                  stream events, and results with required parts missing
+================= ===============================================================
+"""
