@@ -86,7 +86,7 @@ class SSEDecoder:
                 self._data_bytes += len(line)
                 if self._data_bytes > limit:
                     raise LineTooLong(self._data_bytes)
-                self._data.append(line[6:].decode("utf-8", errors="replace"))
+                self._data.append(self._decode(line[6:]))
             else:
                 event = self._line(line)
                 if event is not None:
