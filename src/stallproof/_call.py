@@ -224,6 +224,11 @@ class Call:
         errors are translated as there; a cancellation from outside passes through."""
         if deadline >= self.total_deadline:
             bound, deadline = "total", self.total_deadline
+        if deadline <= self.now():
+            # Already past (a flood of events without content used up idle): fail now. The
+            # wire's timer alone could lose to data arriving in the same loop turn, each
+            # turn, where a cancel scope's cancellation would not.
+            raise self.timeout_error(bound)
         try:
             return await read(deadline)
         except TimeoutError:
