@@ -46,6 +46,8 @@ __all__ = ["MAX_HEAD_BYTES", "H1Connection"]
 MAX_HEAD_BYTES = 100 * 1024
 # Body bytes buffered for the caller before the socket stops being read.
 _HIGH_WATER = 256 * 1024
+# The most body bytes one read returns (httpcore2 read 64 KiB at a time).
+_READ_MAX = 64 * 1024
 # How long one connection attempt runs alone before the next address is tried alongside
 # (as `Network` does: RFC 8305's "happy eyeballs").
 _HAPPY_EYEBALLS_DELAY = 0.25
@@ -236,10 +238,13 @@ class H1Connection(httpcore2.AsyncConnectionInterface, asyncio.Protocol):
         while True:
             chunks = self._chunks
             if chunks:
-                data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-                chunks.clear()
-                self._buffered = 0
-                if self._reading_paused and self._transport is not None:
+                if self._buffered <= _READ_MAX:
+                    data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+                    chunks.clear()
+                    self._buffered = 0
+                else:
+                    data = self._take(_READ_MAX)
+                if self._reading_paused and self._buffered <= _HIGH_WATER and self._transport:
                     self._reading_paused = False
                     self._transport.resume_reading()
                 return data
@@ -248,6 +253,25 @@ class H1Connection(httpcore2.AsyncConnectionInterface, asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             await self._wait(timeout, until=until)
+
+    def _take(self, limit: int) -> bytes:
+        """The first ``limit`` buffered bytes (a caller gets at most that per read, as
+        from httpcore2: a face hands each read to an SDK that parses it in one go)."""
+        chunks = self._chunks
+        parts: list[bytes] = []
+        n = 0
+        while chunks and n < limit:
+            chunk = chunks.popleft()
+            if n + len(chunk) > limit:
+                cut = limit - n
+                parts.append(chunk[:cut])
+                chunks.appendleft(chunk[cut:])
+                n = limit
+                break
+            parts.append(chunk)
+            n += len(chunk)
+        self._buffered -= n
+        return b"".join(parts)
 
     def response_closed(self) -> None:
         """The caller is done with the body: idle again if it was read whole, else closed."""
