@@ -53,6 +53,8 @@ _DRAIN_BOUND = 0.25
 # The most bytes of events sorted between two checkpoints.
 _SLICE = 16 * 1024
 
+_NO_SCOPE = contextlib.nullcontext()
+
 Event = tuple[ServerSentEvent, object, bool]
 """A decoded event, its data parsed as JSON (None if not JSON), and whether it is content."""
 
@@ -215,24 +217,22 @@ class ResponseBody:
             # flood that costs the caller more than the server would hold idle off forever.
             self._waited += start - self._idle_since
         content = False
-        with call.step(bound, start + (limit - self._waited)):
-            try:
-                data = await self._raw.__anext__()
-            except StopAsyncIteration:
-                data = None
+        deadline = start + (limit - self._waited)
+        read_before = getattr(self._raw, "read_before", None)
+        if read_before is not None:
+            # The asyncio wire: the read is bounded by a loop timer, not a cancel scope.
+            data = await call.read_before(read_before, bound, deadline)
             if data is not None:
-                # Decoding happens inside the step's deadline, a checkpoint between pieces.
-                call.progress(len(data))
-                with typed_errors(call, self._limits.max_response_bytes):
-                    for piece in self._content.feed(data):
-                        # Events are sorted a slice at a time with a checkpoint between, so
-                        # a flood of tiny events cannot hold the loop past the deadline.
-                        for at in range(0, len(piece), _SLICE):
-                            if at:
-                                await anyio.lowlevel.checkpoint()
-                            content = self._take(piece[at : at + _SLICE]) or content
-                        if not self._content.identity:
-                            await anyio.lowlevel.checkpoint()
+                with call.step(bound, deadline) if self._needs_slices(data) else _NO_SCOPE:
+                    content = await self._sort(data)
+        else:
+            with call.step(bound, deadline):
+                try:
+                    data = await self._raw.__anext__()
+                except StopAsyncIteration:
+                    data = None
+                if data is not None:
+                    content = await self._sort(data)
         if data is None:
             with typed_errors(call, self._limits.max_response_bytes):
                 self._content.finish()
@@ -247,6 +247,27 @@ class ResponseBody:
             end = call.now()
             self._waited += end - start
             self._idle_since = end
+
+    def _needs_slices(self, data: bytes) -> bool:
+        """Whether sorting ``data`` may await (and so must run under the step's scope)."""
+        return len(data) > _SLICE or not self._content.identity
+
+    async def _sort(self, data: bytes) -> bool:
+        """Decode and sort one read's bytes; True on content. Awaits only if
+        `_needs_slices`: a checkpoint between pieces, so the step's deadline fires in the
+        middle of a flood of tiny events or of a body that decodes to far more."""
+        call = self._call
+        content = False
+        call.progress(len(data))
+        with typed_errors(call, self._limits.max_response_bytes):
+            for piece in self._content.feed(data):
+                for at in range(0, len(piece), _SLICE):
+                    if at:
+                        await anyio.lowlevel.checkpoint()
+                    content = self._take(piece[at : at + _SLICE]) or content
+                if not self._content.identity:
+                    await anyio.lowlevel.checkpoint()
+        return content
 
     def _take(self, data: bytes) -> bool:
         """Keep decoded bytes for a byte reader and sort their events; True on content."""
@@ -374,8 +395,20 @@ class ResponseBody:
         """Read the rest of the body, discarded, for at most `_DRAIN_BOUND` (and never past
         total): DRAINED if it ends in that time, which frees the connection for reuse."""
         if self._state is _State.LIVE and self._raw is not None:
-            left = max(self._call.remaining(), 0.0)
-            with anyio.move_on_after(min(_DRAIN_BOUND, left)):
+            bound = min(_DRAIN_BOUND, max(self._call.remaining(), 0.0))
+            read_before = getattr(self._raw, "read_before", None)
+            if read_before is not None:  # the asyncio wire: a loop timer, not a scope
+                until = self._call.now() + bound
+                try:
+                    while await read_before(until) is not None:
+                        pass
+                except TimeoutError:
+                    return
+                except Exception:
+                    pass
+                self._state = _State.DRAINED
+                return
+            with anyio.move_on_after(bound):
                 with contextlib.suppress(Exception):
                     async for _ in self._raw:
                         pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import traceback
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -215,6 +215,29 @@ class Call:
             bound, deadline = "total", self.total_deadline
         return _TimeoutScope(self, deadline, bound, translate=True)
 
+    async def read_before(
+        self, read: Callable[[float], Awaitable[bytes | None]], bound: str, deadline: float
+    ) -> bytes | None:
+        """One stream read bounded by a loop timer in the wire instead of a cancel scope:
+        ``read(until)`` (the asyncio wire's ``read_before``) raises `TimeoutError` when
+        ``until`` passes. Total and ``bound``, whichever is first, as `step`; the wire's
+        errors are translated as there; a cancellation from outside passes through."""
+        if deadline >= self.total_deadline:
+            bound, deadline = "total", self.total_deadline
+        if deadline <= self.now():
+            # Already past (a flood of events without content used up idle): fail now. The
+            # wire's timer alone could lose to data arriving in the same loop turn, each
+            # turn, where a cancel scope's cancellation would not.
+            raise self.timeout_error(bound)
+        try:
+            return await read(deadline)
+        except TimeoutError:
+            raise self.timeout_error(bound) from None
+        except exc.StallproofError:
+            raise
+        except Exception as e:
+            raise self._translate(e)  # noqa: B904 - _translate chains it, or hides it on purpose
+
     def rearm(self, bound: str | None, deadline: float | None = None) -> None:
         """Change the phase bound of the running `bounded` block (None: total alone)."""
         if self._scope is not None:
@@ -224,12 +247,11 @@ class Call:
         assert self._scope is not None
         if self._scope.cancel_called:
             return  # the bound already fired: keep the name of the one that did
-        if bound is not None and deadline is not None and deadline < self.total_deadline:
+        if bound is None or deadline is None or deadline >= self.total_deadline:
+            bound, deadline = "total", self.total_deadline
+        if self._scope.deadline != deadline:  # (each change is a new timer: skip no-ops)
             self._scope.deadline = deadline
-            self._bound = bound
-        else:
-            self._scope.deadline = self.total_deadline
-            self._bound = "total"
+        self._bound = bound
 
     def start_attempt(self, attempt: int) -> None:
         """Reset what one attempt learns (a retry starts from the pool again)."""
@@ -296,7 +318,7 @@ class Call:
         """Raise ``e`` as ours (``from e``), or return a refusal that shows no context.
 
         The one boundary for the pool's errors, called from the ``except`` clauses of
-        `bounded` and `step`.
+        `bounded`, `step` and `read_before`.
         """
         t = self.timeouts
         if isinstance(

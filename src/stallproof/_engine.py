@@ -66,6 +66,7 @@ from ._retry import RetryTokens, make_retrying
 from ._status import status_error_from_body
 from ._telemetry import Instruments
 from ._wire import Pool, Wire
+from ._wire._messages import new_request
 from ._wire._proxy import ProxyTypes
 
 __all__ = ["CallOptions", "Engine", "Incoming", "Outgoing", "new_request_id"]
@@ -473,15 +474,15 @@ class Engine:
                 ("pool", t.pool),
             )
         }
-        request = httpcore2.Request(
+        request = new_request(  # httpcore2.Request without re-checking every header
             out.method,
-            httpcore2.URL(scheme=out.scheme, host=out.host, port=out.port, target=out.target),
-            headers=headers,
-            content=out.content,
-            extensions={
-                "timeout": timeout,
-                "trace": call.trace,
-            },
+            out.scheme,
+            out.host,
+            out.port,
+            out.target,
+            headers,
+            out.content,
+            {"timeout": timeout, "trace": call.trace},
         )
         pool_response: httpcore2.Response | None = None
         stream: ResponseBody | None = None
@@ -601,7 +602,9 @@ class Engine:
                     # An error body that does not decode: the status is the answer, with
                     # what decoded before the fault.
         finally:
-            if exhausted and self._closes_bounded():
+            if exhausted and _closes_at_once(pool_response):
+                await aclose_iterator(raw)  # no I/O, never suspends: nothing to shield
+            elif exhausted and self._closes_bounded():
                 # Closing an iterator that ran to its end is local: no timer for it.
                 with anyio.CancelScope(shield=True):
                     await aclose_iterator(raw)
@@ -616,7 +619,9 @@ class Engine:
 
     async def _close_read(self, pool_response: httpcore2.Response) -> None:
         """Give back the connection of a body read to its end."""
-        if self._closes_bounded():
+        if _closes_at_once(pool_response):
+            await pool_response.aclose()  # no I/O, never suspends: nothing to shield
+        elif self._closes_bounded():
             # Our pool bounds its own closing (shielded, with a timeout where there is
             # I/O): no second timer per call for a body that is already read.
             with anyio.CancelScope(shield=True):
@@ -657,6 +662,11 @@ async def _release(pool_response: httpcore2.Response | None, stream: ResponseBod
         await stream.discard()
     elif pool_response is not None:
         await close_pool_response(pool_response)
+
+
+def _closes_at_once(pool_response: httpcore2.Response) -> bool:
+    # The asyncio wire's bodies (`_wire._pool._Body.closes_at_once`).
+    return getattr(pool_response.stream, "closes_at_once", False) is True
 
 
 def _redirected(out: Outgoing, status: int, location: bytes, call: Call) -> Outgoing:

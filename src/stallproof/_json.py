@@ -102,6 +102,9 @@ def _peel(data: bytes) -> bool:
     return b"[]" in brackets
 
 
+_decode = json.JSONDecoder().decode
+
+
 def loads(data: bytes | str) -> object:
     """Parse one JSON document, refusing deep nesting before parsing.
 
@@ -123,7 +126,8 @@ def loads(data: bytes | str) -> object:
             f"per {_BYTES_PER_CONTAINER} bytes would cost the parser far more memory"
         )
     try:
-        return json.loads(data)
+        # A str goes straight to the decoder (json.loads's own checks are for bytes).
+        return _decode(data) if isinstance(data, str) else json.loads(data)
     except RecursionError:  # unclosed brackets: the check above counts only pairs
         raise JSONTooDeep(f"JSON nested deeper than {MAX_DEPTH} levels") from None
 

@@ -184,7 +184,8 @@ def _chat_chunk(obj: dict[str, Any], outcome: Outcome) -> bool:
     if usage:
         outcome.note_usage(usage)
         content = True
-    for choice in _list(obj.get("choices")):
+    choices = obj.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
         if not isinstance(choice, dict):
             continue
         reason = choice.get("finish_reason")
@@ -193,11 +194,12 @@ def _chat_chunk(obj: dict[str, Any], outcome: Outcome) -> bool:
             content = True
         delta = choice.get("delta")
         if isinstance(delta, dict):
-            for name in _CONTENT_FIELDS:
-                if delta.get(name):
+            # (A delta has a key or two: walking it is cheaper than asking for each field.)
+            for name, value in delta.items():
+                if value and name in _CONTENT_FIELDS:
                     content = True
                     if name == "content" and outcome.text is not None:
-                        outcome.text.append(str(delta[name]))
+                        outcome.text.append(str(value))
     return content
 
 

@@ -59,7 +59,9 @@ def to_result(cls: type[M], data: object, call: Call | None = None) -> M:
                 "choices",
             )
     try:
-        return cls.model_validate(data, strict=True)
+        # (`cls.model_validate(data, strict=True)` without its Python wrapper: once per
+        # event of every stream.)
+        return cls.__pydantic_validator__.validate_python(data, strict=True)  # type: ignore[no-any-return]
     except pydantic.ValidationError as e:
         if e.error_count() > _MAX_GAPS:
             raise _malformed(

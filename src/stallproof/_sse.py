@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
 
 __all__ = ["LineTooLong", "SSEDecoder", "ServerSentEvent"]
 
 # A run of line endings (CRLF, LF or lone CR). The first ends the current line; any more
 # are blank lines, and blank lines after the first do nothing, so a flood of them costs
-# one match in the C regex engine instead of a Python step per line.
-_EOLS = re.compile(rb"(?:\r\n|\r|\n)+")
-_ONE_EOL = (b"\r", b"\n", b"\r\n")
+# one match in the C regex engine instead of a Python step per line. (Written as a class
+# and a star, not ``(?:\r\n|\r|\n)+``, which matches the same runs 4x slower; and for the
+# usual chunk, with no CR at all, as ``\n\n*``, which the engine finds by its first
+# character: ~1 ns a byte, where the alternation took ~40.)
+_EOLS = re.compile(rb"[\r\n][\r\n]*")
+_LFS = re.compile(rb"\n\n*")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,8 +56,11 @@ class SSEDecoder:
         #: decodes strictly, as the SDKs do, would fail on it: see `ResponseBody`).
         self.not_utf8 = False
 
-    def feed(self, chunk: bytes) -> Iterator[ServerSentEvent]:
-        """Decode ``chunk`` and yield every event it completes.
+    def feed(self, chunk: bytes) -> list[ServerSentEvent]:
+        """Decode ``chunk`` and return every event it completes.
+
+        The usual line (``data: ...``) and the blank line that ends an event are handled
+        here, without a call per line: this runs for every event of every stream.
 
         Raises:
             LineTooLong: a line, or the data of one event, is longer than ``max_line_bytes``.
@@ -63,32 +68,52 @@ class SSEDecoder:
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._skip_lf = False
+        events: list[ServerSentEvent] = []
         if not chunk:
-            return
+            return events
         start = 0
-        for match in _EOLS.finditer(chunk):
+        buf = self._buf
+        limit = self._max
+        for match in (_EOLS if b"\r" in chunk else _LFS).finditer(chunk):
             end = match.start()
-            if self._buf:
-                self._buf += chunk[start:end]
-                line = bytes(self._buf)
-                self._buf.clear()
+            if buf:
+                buf += chunk[start:end]
+                line = bytes(buf)
+                buf.clear()
             else:
                 line = chunk[start:end]
-            event = self._line(line)
-            if event is not None:
-                yield event
-            run = match.group()
-            if run not in _ONE_EOL:
-                event = self._line(b"")  # one or more blank lines
+            if line[:6] == b"data: " and len(line) <= limit:
+                self._data_bytes += len(line)
+                if self._data_bytes > limit:
+                    raise LineTooLong(self._data_bytes)
+                self._data.append(self._decode(line[6:]))
+            else:
+                event = self._line(line)
                 if event is not None:
-                    yield event
+                    events.append(event)
             start = match.end()
+            run = start - end
+            # More than one line ending (bar a lone CRLF): one or more blank lines.
+            if (run > 2 or (run == 2 and chunk[end : end + 2] != b"\r\n")) and (
+                self._data or self._event
+            ):
+                events.append(self._dispatch())
         if start == len(chunk):
             self._skip_lf = chunk[-1:] == b"\r"
-            return
-        if len(self._buf) + len(chunk) - start > self._max:
-            raise LineTooLong(len(self._buf) + len(chunk) - start)
-        self._buf += chunk[start:]
+            return events
+        if len(buf) + len(chunk) - start > limit:
+            raise LineTooLong(len(buf) + len(chunk) - start)
+        buf += chunk[start:]
+        return events
+
+    def _dispatch(self) -> ServerSentEvent:
+        event = ServerSentEvent(
+            data="\n".join(self._data), event=self._event or "message", id=self._id
+        )
+        self._data = []
+        self._data_bytes = 0
+        self._event = ""
+        return event
 
     def _line(self, raw: bytes) -> ServerSentEvent | None:
         if len(raw) > self._max:
@@ -96,13 +121,7 @@ class SSEDecoder:
         if not raw:
             if not self._data and not self._event:
                 return None
-            event = ServerSentEvent(
-                data="\n".join(self._data), event=self._event or "message", id=self._id
-            )
-            self._data = []
-            self._data_bytes = 0
-            self._event = ""
-            return event
+            return self._dispatch()
         if raw[0] == 0x3A:  # ":" comment, the usual keep-alive
             self.comments += 1
             if not raw.isascii():

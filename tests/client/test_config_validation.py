@@ -4,6 +4,7 @@ parameter, what it must be and the value given."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -56,3 +57,15 @@ def test_good_config_is_accepted_as_given() -> None:
     assert Retry(attempts=1, retry_after_max=0).retry_after_max == 0
     assert Pacer(max_concurrent=2, min_concurrent=2, weights={"a": 100}).min_concurrent == 2
     assert Breaker(fail_max=1, reset_timeout=0.5).reset_timeout == 0.5
+
+
+def test_the_pool_keeps_every_connection_it_may_open_idle_by_default() -> None:
+    # 64 agents calling at once must not close and reopen connections every round (at the
+    # old default of 20 idle, 44 of 64 were closed each round).
+    assert Limits().max_keepalive_connections is None
+    assert Limits().idle_connections == Limits().max_connections == 100
+    assert Limits(max_connections=10).idle_connections == 10
+    assert Limits(max_connections=10, max_keepalive_connections=3).idle_connections == 3
+    assert dataclasses.replace(Limits(), max_connections=5).idle_connections == 5
+    with pytest.raises(stallproof.InvalidRequestError, match="max_keepalive_connections"):
+        Limits(max_connections=10, max_keepalive_connections=11)

@@ -93,6 +93,8 @@ async def test_a_costly_body_cannot_hold_the_deadline_or_the_loop(
         tg.cancel_scope.cancel()
     assert "objects and arrays" in str(e.value)
     assert elapsed[0] < total, elapsed[0]
-    assert max(gaps) < PARSE_MARGIN, max(gaps)
+    # (A call over before the ticker's first tick held the loop at most its own length.)
+    longest = max(gaps, default=elapsed[0])
+    assert longest < PARSE_MARGIN, longest
     assert client.inflight() == ()
     assert_pool_clean(client)

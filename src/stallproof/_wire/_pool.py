@@ -34,17 +34,25 @@ slot nobody holds.
 from __future__ import annotations
 
 import dataclasses
+import os
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 
 import anyio
 import httpcore2
+import sniffio
 
 from .._config import Limits
+from .._exceptions import InvalidRequestError
+from ._h1 import H1Body, H1Connection
+from ._messages import new_response
 from ._network import Network
 from ._proxy import ProxyRoute, ProxyRoutes, ProxyTypes, proxy_routes
+from ._tls import shared_ssl_context
 
-__all__ = ["Pool", "PoolStats", "open_pool"]
+__all__ = ["CONNECTIONS", "Pool", "PoolStats", "open_pool"]
+
+CONNECTIONS = ("auto", "httpcore2")
 
 # Closing a connection is local (a FIN, a TLS close_notify at most): bounded all the same.
 _CLOSE_BOUND = 5.0
@@ -101,9 +109,14 @@ class Pool:
     Args:
         limits: ``max_connections``, ``max_keepalive_connections`` and ``keepalive_expiry``.
         network: the `Network` backend (default: one with its own DNS limiter).
-        ssl_context: for https (default: httpcore2's, with certifi's roots).
+        ssl_context: for https (default: one context per process, certifi's roots:
+            `stallproof._wire._tls`).
         proxies: the `ProxyRoutes` to send through (see `stallproof._wire._proxy.proxy_routes`);
             None: every origin directly.
+        connection: what a direct connection is: ``"auto"`` (the default) an `H1Connection`
+            on asyncio (HTTP/1.1 on an asyncio Protocol, llhttp-parsed: `stallproof._wire._h1`)
+            and httpcore2's on trio; ``"httpcore2"`` httpcore2's on both. Proxied
+            origins always use httpcore2's proxy connections.
     """
 
     def __init__(
@@ -113,9 +126,15 @@ class Pool:
         network: Network | None = None,
         ssl_context: ssl.SSLContext | None = None,
         proxies: ProxyRoutes | None = None,
+        connection: str = "auto",
     ) -> None:
+        if connection not in CONNECTIONS:
+            raise InvalidRequestError(
+                f"connection must be one of {', '.join(CONNECTIONS)}, got {connection!r}"
+            )
+        self._connection = connection
         self._max_open = limits.max_connections
-        self._max_idle = min(limits.max_keepalive_connections, limits.max_connections)
+        self._max_idle = min(limits.idle_connections, limits.max_connections)
         self._keepalive_expiry = limits.keepalive_expiry
         self.network = network if network is not None else Network()
         self._ssl_context = ssl_context
@@ -177,11 +196,8 @@ class Pool:
         if not isinstance(stream, AsyncIterable):  # pragma: no cover - httpcore2 is async
             await self._discard(conn)
             raise httpcore2.LocalProtocolError("the connection gave a sync response stream")
-        return httpcore2.Response(
-            status=response.status,
-            headers=response.headers,
-            content=_Body(stream, self, conn, key),
-            extensions=response.extensions,
+        return new_response(
+            response.status, response.headers, _Body(stream, self, conn, key), response.extensions
         )
 
     async def aclose(self) -> None:
@@ -222,23 +238,42 @@ class Pool:
 
     def _new(self, origin: httpcore2.Origin, route: ProxyRoute | None) -> _Conn:
         conn: _Conn
-        if route is None:
+        ssl_context = self._ssl_context
+        if ssl_context is None and origin.scheme == b"https":
+            ssl_context = shared_ssl_context()  # one per process, not one per connection
+        if route is None and self._fast_wire():
+            conn = H1Connection(
+                origin,
+                ssl_context=ssl_context,
+                keepalive_expiry=self._keepalive_expiry,
+                network=self.network,
+            )
+        elif route is None:
             conn = httpcore2.AsyncHTTPConnection(
                 origin=origin,
-                ssl_context=self._ssl_context,
+                ssl_context=ssl_context,
                 keepalive_expiry=self._keepalive_expiry,
                 network_backend=self.network,
             )
         else:
             conn = route.connection(
                 origin,
-                ssl_context=self._ssl_context,
+                ssl_context=ssl_context,
                 keepalive_expiry=self._keepalive_expiry,
                 network=self.network,
             )
         self._open += 1
         self._busy.add(conn)
         return conn
+
+    def _fast_wire(self) -> bool:
+        """Whether a direct connection is an `H1Connection` (asyncio only)."""
+        if self._connection == "httpcore2":
+            return False
+        try:
+            return sniffio.current_async_library() == "asyncio"
+        except sniffio.AsyncLibraryNotFoundError:  # pragma: no cover - always in a loop
+            return False
 
     def _evict_oldest_idle(self) -> _Conn:
         conn, key = next(iter(self._idle_order.items()))
@@ -353,16 +388,31 @@ class _Body:
         self._key = key
         self._closed = False
 
-    def __aiter__(self) -> _Parts:
+    @property
+    def closes_at_once(self) -> bool:
+        """Closing it does no I/O and never suspends (an `H1Connection`'s body): no shield
+        or timer is needed around it."""
+        return isinstance(self._stream, H1Body)
+
+    def __aiter__(self) -> _Parts | H1Body:
         # An iterator object, not an async generator: a body dropped unread (a stream the
         # caller never iterated) is closed by `aclose`, and the GC finds no generator of
         # ours left suspended to warn about.
-        return _Parts(self._stream.__aiter__())
+        stream = self._stream
+        if isinstance(stream, H1Body):
+            return stream  # already such an iterator (one hop less per read)
+        return _Parts(stream.__aiter__())
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        stream = self._stream
+        if isinstance(stream, H1Body):
+            # Closing it is local and immediate (no I/O to wait for, nothing to shield).
+            stream.close()
+            await self._wire._checkin(self._conn, self._key)
+            return
         with anyio.CancelScope(shield=True):
             try:
                 aclose = getattr(self._stream, "aclose", None)
@@ -405,5 +455,15 @@ async def _close(conns: list[_Conn]) -> None:
 
 def open_pool(limits: Limits, *, trust_env: bool = True, proxy: ProxyTypes | None = None) -> Pool:
     """The engine's default pool: through ``proxy`` if given, else (with ``trust_env``)
-    through the proxies the environment names, as httpx would (see `stallproof._wire._proxy`)."""
-    return Pool(limits, proxies=proxy_routes(proxy, trust_env=trust_env))
+    through the proxies the environment names, as httpx would (see `stallproof._wire._proxy`).
+
+    ``STALLPROOF_CONNECTION=httpcore2`` in the environment (read when the client is built)
+    makes its direct connections httpcore2's on asyncio too: the way back from the asyncio
+    wire (`stallproof._wire._h1`) without a code change, should it ever be needed.
+    """
+    connection = os.environ.get("STALLPROOF_CONNECTION", "auto").strip().lower() or "auto"
+    if connection not in CONNECTIONS:
+        raise InvalidRequestError(
+            f"STALLPROOF_CONNECTION must be one of {', '.join(CONNECTIONS)}, got {connection!r}"
+        )
+    return Pool(limits, proxies=proxy_routes(proxy, trust_env=trust_env), connection=connection)

@@ -35,6 +35,7 @@ from httpx._utils import URLPattern, get_environment_proxies
 
 from .._exceptions import InvalidRequestError
 from .._redact import safe_url
+from ._tls import shared_ssl_context
 
 __all__ = ["ProxyRoute", "ProxyRoutes", "ProxyTypes", "proxy_routes"]
 
@@ -125,6 +126,9 @@ class ProxyRoute:
                 ),
                 holding,
             )
+        proxy_ssl_context = self.proxy_ssl_context
+        if proxy_ssl_context is None and self.origin.scheme == b"https":
+            proxy_ssl_context = shared_ssl_context()  # not one per connection (httpcore2's)
         if origin.scheme == b"http":
             return AsyncForwardHTTPConnection(
                 proxy_origin=self.origin,
@@ -132,13 +136,13 @@ class ProxyRoute:
                 proxy_headers=self._headers,
                 keepalive_expiry=keepalive_expiry,
                 network_backend=network,
-                proxy_ssl_context=self.proxy_ssl_context,
+                proxy_ssl_context=proxy_ssl_context,
             )
         return AsyncTunnelHTTPConnection(
             proxy_origin=self.origin,
             remote_origin=origin,
             ssl_context=ssl_context,
-            proxy_ssl_context=self.proxy_ssl_context,
+            proxy_ssl_context=proxy_ssl_context,
             proxy_headers=self._headers,
             keepalive_expiry=keepalive_expiry,
             network_backend=network,
