@@ -18,10 +18,12 @@ response with its body read (capped at ``max_error_body_bytes``), so a transport
 SDK the response it expects; ``Incoming.error`` carries the matching `APIStatusError` for
 faces that raise it themselves.
 
-The layers, one concern each (httpx's ``send → _send_handling_auth → ...``): `send` owns the
-call, `_follow` its redirects (each hop inside the one deadline, at most
+The layers, one concern each (httpx's ``send → _send_handling_auth → ...``), none longer
+than a screen: `send` owns the call (`_open_call` makes its state, `_prepare_headers` what
+every attempt sends), `_follow` its redirects (each hop inside the one deadline, at most
 ``Limits.max_redirects``: see `stallproof._redirects`), `_attempts` the retry loop,
-`_attempt` one request, `_read_whole` a body.
+`_attempt` one request (`_pool_request` builds it, `_head` reads the answer's head,
+`_error_body` a non-2xx answer), `_read_whole` a body.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from ._redirects import BadLocation, next_hop, redirect_location
 from ._registry import register, snapshot
 from ._retry import RetryTokens, make_retrying
 from ._status import status_error_from_body
-from ._telemetry import Instruments
+from ._telemetry import CallTelemetry, Instruments
 from ._wire import Pool, Wire
 from ._wire._messages import new_request
 from ._wire._proxy import ProxyTypes
@@ -273,27 +275,8 @@ class Engine:
         """
         opts = out.options
         meta = opts.body if opts.body is not None else _peek_json(out)
-        model = meta.get("model")
-        model = model if isinstance(model, str) else ""
         policy = self._resolve_retry(opts.retry)
-        tag_agent, tag_labels = current_tags()
-        request_id = _header(out.headers, b"x-request-id")
-        if request_id is None:
-            request_id = new_request_id()
-            out.headers.append((b"x-request-id", request_id.encode()))
-        call = Call(
-            self._resolve_timeouts(opts.timeouts, out.timeout),
-            request_id,
-            stream=meta.get("stream") is True
-            or "text/event-stream" in (_header(out.headers, b"accept") or ""),
-            model=model,
-            agent=opts.agent if opts.agent is not None else tag_agent,
-            labels={**tag_labels, **(opts.labels or {})},
-            max_attempts=policy.attempts,
-            scope=current_deadline(),
-            method=out.method.decode("ascii", "replace"),
-            url=out.url,
-        )
+        call = self._open_call(out, meta, policy)
         # Refused by name before anything is sent: the HTTP layer's own error would quote
         # the value, and the value of a bad Authorization header is the key.
         problem = check_headers(out.headers) or _port_problem(out.port)
@@ -301,37 +284,15 @@ class Engine:
             raise call.error(exc.InvalidRequestError, problem)
         circuit: Circuit | None = None
         if self._breakers is not None:
-            circuit = self._breakers.circuit(opts.upstream or _origin(out), model)
+            circuit = self._breakers.circuit(opts.upstream or _origin(out), call.model)
             circuit.check()  # while open, fail before doing any work at all
-        if not any(k.lower() == b"host" for k, _ in out.headers):
-            out.headers.insert(0, (b"host", _host_header(out)))
-        # Ask only for the codings we can decode with a cap (httpx offers what it can).
-        out.headers = [
-            (k, accept_encoding(v) if k.lower() == b"accept-encoding" else v)
-            for k, v in out.headers
-        ]
-        if policy.attempts > 1 and _header(out.headers, b"idempotency-key") is None:
-            # The same key on every attempt lets a server drop a duplicate it already ran.
-            out.headers.append((b"idempotency-key", f"stallproof-{request_id}".encode()))
-        telemetry = self._instruments.start(
-            call,
-            meta,
-            operation=opts.operation or _operation(out.target),
-            server_address=out.host.decode("ascii", "replace"),
-            server_port=out.port or (443 if out.scheme == b"https" else 80),
-            path=out.target.decode("ascii", "replace"),
-        )
-        scope = CallScope(call, telemetry, self._calls)
+        _prepare_headers(out, call.request_id, policy)
+        scope = CallScope(call, self._start_telemetry(out, call, meta), self._calls)
         try:
             if call.remaining() <= 0:
                 raise call.timeout_error("total")
             if self._pacing is not None:
-                max_tokens = meta.get("max_tokens") or meta.get("max_completion_tokens")
-                estimate = self._pacing.policy.estimate_tokens(
-                    meta.get("messages") or meta.get("input"),
-                    max_tokens=max_tokens if isinstance(max_tokens, int) else None,
-                )
-                await scope.pace(self._pacing, estimate)
+                await scope.pace(self._pacing, _estimate(self._pacing.policy, meta))
             incoming = await self._follow(out, scope, policy, circuit)
         except _StatusFailure as failure:
             # Out of attempts (or not retryable): the caller gets the response itself.
@@ -345,6 +306,40 @@ class Engine:
         if self._retry_tokens is not None:
             self._retry_tokens.record_success()
         return incoming
+
+    def _open_call(self, out: Outgoing, meta: Mapping[str, Any], policy: Retry) -> Call:
+        """The call's runtime state: its id (the caller's ``x-request-id``, else a new one,
+        sent), its bounds clipped by any enclosing `deadline()`, its tags."""
+        opts = out.options
+        model = meta.get("model")
+        tag_agent, tag_labels = current_tags()
+        request_id = _header(out.headers, b"x-request-id")
+        if request_id is None:
+            request_id = new_request_id()
+            out.headers.append((b"x-request-id", request_id.encode()))
+        return Call(
+            self._resolve_timeouts(opts.timeouts, out.timeout),
+            request_id,
+            stream=meta.get("stream") is True
+            or "text/event-stream" in (_header(out.headers, b"accept") or ""),
+            model=model if isinstance(model, str) else "",
+            agent=opts.agent if opts.agent is not None else tag_agent,
+            labels={**tag_labels, **(opts.labels or {})},
+            max_attempts=policy.attempts,
+            scope=current_deadline(),
+            method=out.method.decode("ascii", "replace"),
+            url=out.url,
+        )
+
+    def _start_telemetry(self, out: Outgoing, call: Call, meta: Mapping[str, Any]) -> CallTelemetry:
+        return self._instruments.start(
+            call,
+            meta,
+            operation=out.options.operation or _operation(out.target),
+            server_address=out.host.decode("ascii", "replace"),
+            server_port=out.port or (443 if out.scheme == b"https" else 80),
+            path=out.target.decode("ascii", "replace"),
+        )
 
     async def _follow(
         self, out: Outgoing, scope: CallScope, policy: Retry, circuit: Circuit | None
@@ -455,75 +450,18 @@ class Engine:
         """One request: send, check the status, read the body or the stream's first content."""
         call = scope.call
         call.start_attempt(n)
-        headers = [*out.headers, (b"x-stallproof-attempt", f"{n}/{of}".encode())]
-        headers.extend((k.encode(), v.encode()) for k, v in carrier.items())
         if circuit is not None:
             with call.total_scope():  # a shared circuit asks Redis: inside the deadline
                 await scope.admit(circuit)
-        t = call.timeouts
-        # A per-operation bound that cannot fire before total is left out (None): no timer
-        # of its own for every wait, read and connect; total, which never moves, ends the
-        # call first. (Each operation starts now or later, so it ends after total too.)
-        left = call.total_deadline - call.now()
-        timeout = {
-            name: (limit if limit <= left else None)
-            for name, limit in (
-                ("connect", t.connect),
-                ("read", t.read),
-                ("write", t.write),
-                ("pool", t.pool),
-            )
-        }
-        request = new_request(  # httpcore2.Request without re-checking every header
-            out.method,
-            out.scheme,
-            out.host,
-            out.port,
-            out.target,
-            headers,
-            out.content,
-            {"timeout": timeout, "trace": call.trace},
-        )
+        request = _pool_request(out, call, n, of, carrier)
         pool_response: httpcore2.Response | None = None
         stream: ResponseBody | None = None
         try:
             with call.bounded():
                 pool_response = await self.pool.send(request)
-                call.headers_received = True
-                call.status_code = status = pool_response.status
-                call.server_request_id = _header(pool_response.headers, b"x-request-id") or _header(
-                    pool_response.headers, b"request-id"
-                )
-                # The body is decoded here, counted as it is decoded; what we hand back says
-                # nothing of its Content-Encoding, so no face decodes it a second time.
-                error_body = status >= 300
-                cap = (
-                    self.limits.max_error_body_bytes
-                    if error_body
-                    else self.limits.max_response_bytes
-                )
-                with typed_errors(call, cap):
-                    try:
-                        decoder = ContentDecoder(content_encodings(pool_response.headers), cap)
-                    except BadEncoding:
-                        if not error_body:
-                            raise
-                        # The status is the answer: its body is kept as it came.
-                        decoder = ContentDecoder((), cap)
-                headers = (
-                    pool_response.headers
-                    if decoder.identity
-                    else decoded_headers(pool_response.headers)
-                )
-                if error_body:
-                    content = await self._read_whole(pool_response, call, decoder, error=True)
-                    body = ResponseBody(scope, self.limits, content=content)
-                    if redirect_location(status, headers) is None:
-                        error = status_error_from_body(call, status, headers, content)
-                        raise _StatusFailure(
-                            error, Incoming(status, headers, _extensions(pool_response), body, call)
-                        )
-                    # A redirect is an answer (the server is up): `_follow` takes it.
+                status, headers, decoder = self._head(call, pool_response)
+                if status >= 300:
+                    body = await self._error_body(scope, pool_response, headers, decoder)
                 elif call.stream and _is_event_stream(pool_response.headers):
                     # An event stream is read as one only when one was asked for: an
                     # answer that streams to a plain request is a whole body, bounded by
@@ -553,6 +491,53 @@ class Engine:
             await self._close_read(pool_response)
         scope.attempt_ended(None, status)
         return Incoming(status, headers, _extensions(pool_response), body, call)
+
+    def _head(
+        self, call: Call, pool_response: httpcore2.Response
+    ) -> tuple[int, list[tuple[bytes, bytes]], ContentDecoder]:
+        """The answer's head, noted on the call; the decoder its body is read through.
+
+        The body is decoded here, counted as it is decoded; the headers handed back say
+        nothing of its Content-Encoding, so no face decodes it a second time.
+        """
+        call.headers_received = True
+        call.status_code = status = pool_response.status
+        call.server_request_id = _header(pool_response.headers, b"x-request-id") or _header(
+            pool_response.headers, b"request-id"
+        )
+        error_body = status >= 300
+        cap = self.limits.max_error_body_bytes if error_body else self.limits.max_response_bytes
+        with typed_errors(call, cap):
+            try:
+                decoder = ContentDecoder(content_encodings(pool_response.headers), cap)
+            except BadEncoding:
+                if not error_body:
+                    raise
+                # The status is the answer: its body is kept as it came.
+                decoder = ContentDecoder((), cap)
+        headers = (
+            pool_response.headers if decoder.identity else decoded_headers(pool_response.headers)
+        )
+        return status, headers, decoder
+
+    async def _error_body(
+        self,
+        scope: CallScope,
+        pool_response: httpcore2.Response,
+        headers: list[tuple[bytes, bytes]],
+        decoder: ContentDecoder,
+    ) -> ResponseBody:
+        """A non-2xx answer's body, read (capped); raised as `_StatusFailure`, carrying the
+        matching `APIStatusError`, unless it is a redirect, which `_follow` takes."""
+        call = scope.call
+        status = pool_response.status
+        content = await self._read_whole(pool_response, call, decoder, error=True)
+        body = ResponseBody(scope, self.limits, content=content)
+        if redirect_location(status, headers) is None:
+            error = status_error_from_body(call, status, headers, content)
+            incoming = Incoming(status, headers, _extensions(pool_response), body, call)
+            raise _StatusFailure(error, incoming)
+        return body
 
     async def _read_whole(
         self, pool_response: httpcore2.Response, call: Call, decoder: ContentDecoder, *, error: bool
@@ -703,6 +688,62 @@ def _redirected(out: Outgoing, status: int, location: bytes, call: Call) -> Outg
     call.method = method.decode("ascii")
     call.url = nxt.url
     return nxt
+
+
+def _pool_request(
+    out: Outgoing, call: Call, n: int, of: int, carrier: Mapping[str, str]
+) -> httpcore2.Request:
+    """Attempt ``n`` of ``of`` as the wire sends it, with the trace context and the phase
+    bounds httpcore2 applies per operation."""
+    headers = [*out.headers, (b"x-stallproof-attempt", f"{n}/{of}".encode())]
+    headers.extend((k.encode(), v.encode()) for k, v in carrier.items())
+    t = call.timeouts
+    # A per-operation bound that cannot fire before total is left out (None): no timer of
+    # its own for every wait, read and connect; total, which never moves, ends the call
+    # first. (Each operation starts now or later, so it ends after total too.)
+    left = call.total_deadline - call.now()
+    timeout = {
+        name: (limit if limit <= left else None)
+        for name, limit in (
+            ("connect", t.connect),
+            ("read", t.read),
+            ("write", t.write),
+            ("pool", t.pool),
+        )
+    }
+    return new_request(  # httpcore2.Request without re-checking every header
+        out.method,
+        out.scheme,
+        out.host,
+        out.port,
+        out.target,
+        headers,
+        out.content,
+        {"timeout": timeout, "trace": call.trace},
+    )
+
+
+def _prepare_headers(out: Outgoing, request_id: str, policy: Retry) -> None:
+    """The headers every attempt sends: Host, the codings we can decode with a cap, and an
+    idempotency key when the call may be retried."""
+    if not any(k.lower() == b"host" for k, _ in out.headers):
+        out.headers.insert(0, (b"host", _host_header(out)))
+    # Ask only for the codings we can decode with a cap (httpx offers what it can).
+    out.headers = [
+        (k, accept_encoding(v) if k.lower() == b"accept-encoding" else v) for k, v in out.headers
+    ]
+    if policy.attempts > 1 and _header(out.headers, b"idempotency-key") is None:
+        # The same key on every attempt lets a server drop a duplicate it already ran.
+        out.headers.append((b"idempotency-key", f"stallproof-{request_id}".encode()))
+
+
+def _estimate(pacer: Pacer, meta: Mapping[str, Any]) -> int:
+    """What the call counts against ``tokens_per_minute`` before it is sent."""
+    max_tokens = meta.get("max_tokens") or meta.get("max_completion_tokens")
+    return pacer.estimate_tokens(
+        meta.get("messages") or meta.get("input"),
+        max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+    )
 
 
 def _peek_json(out: Outgoing) -> Mapping[str, Any]:
