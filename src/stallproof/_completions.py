@@ -27,7 +27,6 @@ from openai.types.chat import ChatCompletion, ParsedChatCompletion
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 from typing_extensions import TypedDict, TypeVar, Unpack
 
-from . import _exceptions as exc
 from ._config import Timeouts
 from ._engine import Incoming
 from ._policies import Retry
@@ -40,7 +39,7 @@ from ._raw import (
     raw_wrapper,
     streaming_wrapper,
 )
-from ._request import build_body, is_omitted
+from ._request import build_body, check_known, is_omitted, pop_stream
 from ._results import read_result, refuse
 from ._stream import AsyncStream
 
@@ -76,12 +75,7 @@ _KNOWN = frozenset(CreateArgs.__annotations__) | {"stream"}
 
 
 def _check_args(method: str, params: Mapping[str, Any]) -> None:
-    unknown = [name for name in params if name not in _KNOWN]
-    if unknown:
-        raise TypeError(
-            f"{method}() got an unexpected keyword argument {unknown[0]!r} "
-            "(pass arguments openai does not know in extra_body)"
-        )
+    check_known(method, params, _KNOWN)
     for name in ("messages", "model"):
         if name not in params:
             raise TypeError(f"{method}() missing required keyword argument: {name!r}")
@@ -107,11 +101,7 @@ class Completions:
 
     def _prepare(self, method: str, params: dict[str, Any]) -> Prepared[Any]:
         _check_args(method, params)
-        stream = params.pop("stream", False)
-        if is_omitted(stream) or stream is None:
-            stream = False
-        if not isinstance(stream, bool):
-            raise exc.InvalidRequestError(f"stream must be a bool, got {stream!r}")
+        stream = pop_stream(params)
         response_format = params.get("response_format")
         if inspect.isclass(response_format) and issubclass(response_format, pydantic.BaseModel):
             raise TypeError(

@@ -10,12 +10,39 @@ import openai
 
 from . import _exceptions as exc
 
-__all__ = ["build_body", "encode_json", "is_omitted", "model_to_dict"]
+__all__ = [
+    "build_body",
+    "check_known",
+    "encode_json",
+    "is_omitted",
+    "model_to_dict",
+    "pop_stream",
+]
 
 
 def is_omitted(value: object) -> bool:
     """openai's ``NOT_GIVEN`` / ``omit``: "leave it out", which frameworks pass by default."""
     return isinstance(value, (openai.NotGiven, openai.Omit))
+
+
+def check_known(method: str, params: Mapping[str, Any], known: frozenset[str]) -> None:
+    """A keyword argument openai's method does not have is a `TypeError`, as in openai."""
+    unknown = [name for name in params if name not in known]
+    if unknown:
+        raise TypeError(
+            f"{method}() got an unexpected keyword argument {unknown[0]!r} "
+            "(pass arguments openai does not know in extra_body)"
+        )
+
+
+def pop_stream(params: dict[str, Any]) -> bool:
+    """Take ``stream`` out of a method's arguments: omitted or None is False."""
+    stream = params.pop("stream", False)
+    if is_omitted(stream) or stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise exc.InvalidRequestError(f"stream must be a bool, got {stream!r}")
+    return stream
 
 
 def model_to_dict(value: object) -> dict[str, Any] | None:

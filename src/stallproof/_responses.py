@@ -31,7 +31,7 @@ from ._raw import (
     raw_wrapper,
     streaming_wrapper,
 )
-from ._request import is_omitted
+from ._request import check_known, is_omitted, pop_stream
 from ._results import read_result, refuse
 from ._stream import ResponseStream
 
@@ -64,17 +64,8 @@ class Responses:
         self.with_streaming_response = StreamingResponses(self)
 
     def _prepare(self, params: dict[str, Any]) -> Prepared[Any]:
-        unknown = [name for name in params if name not in _KNOWN]
-        if unknown:
-            raise TypeError(
-                f"create() got an unexpected keyword argument {unknown[0]!r} "
-                "(pass arguments openai does not know in extra_body)"
-            )
-        stream = params.pop("stream", False)
-        if is_omitted(stream) or stream is None:
-            stream = False
-        if not isinstance(stream, bool):
-            raise exc.InvalidRequestError(f"stream must be a bool, got {stream!r}")
+        check_known("create", params, _KNOWN)
+        stream = pop_stream(params)
         opts = PerCall.pop(params)
         extra_body: Mapping[str, Any] | None = params.pop("extra_body", None)
         model = params.get("model")
