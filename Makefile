@@ -49,15 +49,20 @@ demo: $(STAMP)
 # margins hold with both cores busy besides (scripts/stress_tests.py).
 WORKERS ?= 4
 
+# The suite keeps compiled modules (and pytest's rewritten test modules) in __pycache__,
+# even where the environment sets PYTHONDONTWRITEBYTECODE: without them every worker, and
+# every process a test starts, compiles and rewrites them all again (~4 s of CPU each).
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
+
 ## The whole test suite (what CI runs), in parallel.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal
+	$(PYTEST) -n $(WORKERS) --dist worksteal
 
 ## The loop for local work (under a minute): everything but the tests marked `slow`. Its
 ## time is mostly deadlines waiting, so more workers than `test` uses.
 QUICK_WORKERS ?= 6
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -n $(QUICK_WORKERS) --dist worksteal -m "not slow and not frameworks"
+	$(PYTEST) -n $(QUICK_WORKERS) --dist worksteal -m "not slow and not frameworks"
 
 ## The suite RUNS times while two busy loops keep both cores loaded (scripts/stress_tests.py).
 RUNS ?= 5

@@ -50,6 +50,8 @@ def run_once(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        # As `make test`: compiled and rewritten modules cached in __pycache__.
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""},
     )
     try:
         out, _ = proc.communicate(timeout=timeout)

@@ -37,9 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``stallproof top`` or ``stallproof diagnose``; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    # Redis trouble is reported by the command itself, not as the library's log lines.
-    logging.getLogger("stallproof").addHandler(logging.NullHandler())
-    logging.getLogger("stallproof").propagate = False
+    # Redis trouble is reported by the command itself, not as the library's log lines;
+    # the logger is left as it was found (``main`` may run inside another program).
+    logger = logging.getLogger("stallproof")
+    quiet, propagate = logging.NullHandler(), logger.propagate
+    logger.addHandler(quiet)
+    logger.propagate = False
     try:
         if args.command == "top":
             return _top(args)
@@ -50,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (_Usage, DiagnoseError, SourceError, exc.InvalidRequestError) as e:
         print(f"stallproof {args.command}: {e}", file=sys.stderr)
         return 2
+    finally:
+        logger.removeHandler(quiet)
+        logger.propagate = propagate
 
 
 def _parser() -> argparse.ArgumentParser:

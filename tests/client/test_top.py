@@ -161,7 +161,7 @@ def test_top_reads_one_process_through_its_socket(
             ("awaiting headers", True),
             ("streaming", False),
         ]
-    done = run_cli("top", "--once", "--json", "--socket", path)
+    done = run_cli("top", "--once", "--json", "--socket", path, process=True)  # the entry point
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(done.stdout)["calls"]
     assert (row["pid"], row["phase"], row["stalled"]) == (b.pid, "awaiting headers", True)
@@ -187,6 +187,8 @@ def test_live_top_redraws_every_interval_and_quits_on_ctrl_c(
         stdout=slave,
         stderr=subprocess.PIPE,
         text=True,
+        # A hang on the way out shows where it is: SIGABRT makes faulthandler dump it.
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     os.close(slave)
     out = b""
@@ -200,7 +202,12 @@ def test_live_top_redraws_every_interval_and_quits_on_ctrl_c(
         frames = out.count(b"\x1b[H\x1b[2J")
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
-        _, err = proc.communicate(timeout=10)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=10)
+            raise AssertionError(f"top did not quit on SIGINT within 10 s:\n{err}") from None
         quit_after = time.monotonic() - sent
     finally:
         if proc.poll() is None:

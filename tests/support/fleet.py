@@ -10,7 +10,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +18,9 @@ from typing import Any
 import pytest
 
 import stallproof
+
+from . import zygote
+from .zygote import Forked
 
 REDIS_BINARY = shutil.which("redis-server") or next(
     (p for p in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.path.exists(p)), None
@@ -158,27 +160,18 @@ class FleetWorkers:
         """``script``: the worker, a file of tests/support (inflight_worker.py for the
         ``stallproof top`` tests)."""
         self._script = os.path.join(os.path.dirname(__file__), script)
-        self._procs: list[subprocess.Popen[str]] = []
+        self._procs: list[Forked] = []
 
-    def start(self, *jobs: dict[str, Any], timeout: float = 60.0) -> list[subprocess.Popen[str]]:
+    def start(self, *jobs: dict[str, Any], timeout: float = 60.0) -> list[Forked]:
         """Start one worker per job and wait until every one is ready."""
         script = self._script
-        procs = [
-            subprocess.Popen(
-                [sys.executable, script, json.dumps(job)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for job in jobs
-        ]
+        procs = [zygote.spawn([script, json.dumps(job)]) for job in jobs]
         self._procs += procs
         self.expect("ready", *procs, timeout=timeout)
         return procs
 
     @staticmethod
-    def expect(word: str, *procs: subprocess.Popen[str], timeout: float) -> None:
+    def expect(word: str, *procs: Forked, timeout: float) -> None:
         """Wait (``timeout`` s in all) until each worker prints its next line: ``word``."""
         limit = time.monotonic() + timeout
         for proc in procs:
@@ -189,7 +182,7 @@ class FleetWorkers:
                 raise AssertionError(f"worker did not print {word!r} within {timeout}s: {line!r}")
 
     @staticmethod
-    def go(*procs: subprocess.Popen[str]) -> None:
+    def go(*procs: Forked) -> None:
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write("go\n")
@@ -201,7 +194,7 @@ class FleetWorkers:
         self.go(*procs)
         return [self.results(p, timeout=timeout) for p in procs]
 
-    def results(self, proc: subprocess.Popen[str], *, timeout: float) -> list[Any]:
+    def results(self, proc: Forked, *, timeout: float) -> list[Any]:
         out, err = proc.communicate(timeout=timeout)
         if proc.returncode != 0:
             raise AssertionError(f"worker failed ({proc.returncode}): {err[-2000:]}")

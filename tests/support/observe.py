@@ -1,32 +1,62 @@
-"""For the ``stallproof top`` / ``diagnose`` tests: the command as a subprocess, the fleet's
-tables read in-process, workers with calls in flight."""
+"""For the ``stallproof top`` / ``diagnose`` tests: the command (in this process or as a
+subprocess), the fleet's tables read in-process, workers with calls in flight."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import stallproof
+from stallproof import _cli
 from stallproof._top import Snapshot, Source, fetch
 
 from .fleet import FleetWorkers
+from .zygote import Forked
 
 
-def run_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """``python -m stallproof ARGS``, its output captured; killed after ``timeout``."""
-    return subprocess.run(
-        [sys.executable, "-m", "stallproof", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def run_cli(
+    *args: str, timeout: float = 60.0, process: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``stallproof ARGS``, its status and output captured, failed after ``timeout``.
+
+    In this process by default (`stallproof._cli.main` in a thread of its own, its output
+    redirected): the command's code and bounds are the same, without the second or so of
+    CPU a new interpreter spends importing openai. ``process=True`` runs
+    ``python -m stallproof ARGS`` instead, for what only a process shows (signals, the
+    entry point, the interpreter's exit).
+    """
+    argv = [sys.executable, "-m", "stallproof", *args]
+    if process:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    out, err = io.StringIO(), io.StringIO()
+    status: list[int] = []
+
+    def command() -> None:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status.append(_cli.main(list(args)))
+            except SystemExit as e:  # argparse's usage errors
+                status.append(e.code if isinstance(e.code, int) else 1)
+            except BaseException:  # what the interpreter would print, and its status
+                traceback.print_exc()
+                status.append(1)
+
+    thread = threading.Thread(target=command, name="stallproof-cli", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise subprocess.TimeoutExpired(argv, timeout, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(argv, status[0], out.getvalue(), err.getvalue())
 
 
 def read_fleet(redis_url: str, prefix: str) -> Snapshot:
@@ -52,7 +82,7 @@ def wait_for_fleet(
 
 def start_calls(
     workers: FleetWorkers, *jobs: dict[str, Any], timeout: float = 60.0
-) -> list[subprocess.Popen[str]]:
+) -> list[Forked]:
     """Start one worker per job, let them go, and wait until each has started its calls."""
     procs = workers.start(*jobs, timeout=timeout)
     workers.go(*procs)
@@ -60,7 +90,7 @@ def start_calls(
     return procs
 
 
-def stop(proc: subprocess.Popen[str], timeout: float = 20.0) -> None:
+def stop(proc: Forked, timeout: float = 20.0) -> None:
     """Tell a worker to end its calls and exit; wait for it (bounded)."""
     assert proc.stdin is not None
     proc.stdin.write("stop\n")
