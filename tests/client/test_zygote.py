@@ -86,3 +86,17 @@ def test_workers_end_with_the_zygote(tmp_path: Path) -> None:
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         assert stream is not None
         stream.close()
+
+
+def test_lines_that_come_together_are_each_read_in_time(zygote: Zygote, tmp_path: Path) -> None:
+    """Two lines in one write: the second is there for the next `readline` at once (a
+    buffered reader's ``select`` would wait for more and miss it)."""
+    script = _script(tmp_path, "import sys, time\nprint('a\\nb', flush=True)\ntime.sleep(60)\n")
+    proc = zygote.spawn([script])
+    assert proc.readline(10) == "a\n"
+    started = time.monotonic()
+    assert proc.readline(5) == "b\n"
+    assert time.monotonic() - started < 1.0
+    assert proc.readline(0.2) == ""  # nothing more within the time
+    proc.kill()
+    assert proc.communicate(timeout=10) == ("", "")

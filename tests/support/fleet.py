@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -175,9 +174,7 @@ class FleetWorkers:
         """Wait (``timeout`` s in all) until each worker prints its next line: ``word``."""
         limit = time.monotonic() + timeout
         for proc in procs:
-            assert proc.stdout is not None
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, limit - time.monotonic()))
-            line = proc.stdout.readline() if ready else ""
+            line = proc.readline(max(0.0, limit - time.monotonic()))
             if line.strip() != word:
                 raise AssertionError(f"worker did not print {word!r} within {timeout}s: {line!r}")
 

@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -71,9 +72,31 @@ class Forked:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def readline(self, timeout: float) -> str:
+        """The next line of stdout, within ``timeout`` s: "" at its end or when the time
+        is up. Reads the descriptor itself, so lines that came together are never left in
+        a buffer that ``select`` cannot see (`communicate` goes on from here)."""
+        assert self.stdout is not None
+        fd = self.stdout.fileno()
+        pending = self._output[fd]
+        limit = time.monotonic() + timeout
+        while b"\n" not in (data := b"".join(pending)):
+            left = limit - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(0.0, left))
+            if not ready:
+                return ""
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return ""
+            pending.append(chunk)
+        line, _, rest = data.partition(b"\n")
+        pending[:] = [rest] if rest else []
+        return line.decode("utf-8", "replace") + "\n"
+
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Close stdin, read stdout and stderr to their end, wait for the exit; as
-        `Popen.communicate` (what a ``readline`` already buffered is not seen again)."""
+        `Popen.communicate` (after `readline`, the rest of stdout; what a ``readline`` of
+        ``stdout`` itself buffered is not seen again)."""
         limit = time.monotonic() + (3600.0 if timeout is None else timeout)
         if self.stdin is not None and not self.stdin.closed:
             with contextlib.suppress(BrokenPipeError):  # (it has exited already)
