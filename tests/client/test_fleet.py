@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import socket
 import time
 from typing import Any, NamedTuple
 
@@ -184,7 +185,7 @@ def test_breaker_opens_for_the_whole_fleet_and_lets_exactly_one_probe_through(
     opened = time.monotonic()
     # Other processes, which never saw a failure, find the circuit open: nothing is sent.
     fleet_workers.go(*refusing)
-    refused = [e for p in refusing for e, _ in fleet_workers.results(p, timeout=30)]
+    refused = [e for p in refusing for e, _ in fleet_workers.lines(p, 2, timeout=30)]
     assert refused == ["CircuitOpen"] * 4
     assert time.monotonic() - opened < reset  # (still open: the test is not too slow)
     assert len(_requests(fault_server, fault_key)) == 3
@@ -287,6 +288,67 @@ async def test_a_killed_workers_leases_return_within_their_ttl(
     await client.chat.completions.create(model="m", messages=MSGS, timeout=10.0)
     assert anyio.current_time() - killed_at < ttl + 0.3 + 0.3 + MARGIN
     assert pacer_state(client).shared == "redis"
+
+
+# -- a healthy Redis under load --------------------------------------------------------------
+
+
+def _redis_count(url: str, command: str, key: str) -> int:
+    """One command's integer answer, asked with a plain socket (RESP): what Redis holds."""
+    host, port = url.removeprefix("redis://").split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(f"*2\r\n${len(command)}\r\n{command}\r\n${len(key)}\r\n{key}\r\n".encode())
+        answer = s.recv(64)
+    assert answer.startswith(b":"), answer
+    return int(answer[1:].split(b"\r\n")[0])
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_200_calls_in_flight_against_a_healthy_redis_never_fall_back_or_drop_a_release(
+    fault_server: Any,
+    fault_key: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    make_client: MakeClient,
+    anyio_backend: str,
+) -> None:
+    # The production default op_timeout (0.1 s), a pacer and a breaker sharing one store,
+    # 200 calls at once: the loop is loaded (hundreds of tasks, the fault server's
+    # thread in this process), Redis is not. Before pipelining and a bound that does not
+    # count the loop's lateness, 10-40% of admissions fell back here and releases were
+    # dropped while the store flapped.
+    shared = stallproof.RedisState(redis_server.url, prefix=redis_prefix)
+    reader = InMemoryMetricReader()
+    client = make_client(
+        fault_server.url("healthy", delay=0.3, key=fault_key),
+        timeout=30.0,
+        pacer=stallproof.Pacer(max_concurrent=200, shared=shared),
+        breaker=stallproof.Breaker(shared=shared),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    errors: list[BaseException] = []
+
+    async def call() -> None:
+        try:
+            await client.chat.completions.create(model="m", messages=MSGS)
+        except stallproof.StallproofError as e:
+            errors.append(e)
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for _ in range(200):
+                tg.start_soon(call)
+        await settled(client)
+    assert errors == []
+    assert _metric(reader, "stallproof.shared.fallbacks") == {}
+    assert _metric(reader, "stallproof.shared.dropped") == {}
+    assert _metric(reader, "stallproof.shared.transitions") == {}
+    assert pacer_state(client).shared == "redis"
+    assert pacer_state(client).in_use == 0
+    # Every lease went back to Redis itself: none is left to expire.
+    assert _redis_count(redis_server.url, "ZCARD", f"{{{redis_prefix}}}:pacer:leases") == 0
+    assert len(_requests(fault_server, fault_key)) == 200
 
 
 # -- Redis trouble -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ only when a `RedisState` is first used. Outside this package, code sees the flee
 module       what is in it
 ============ ==================================================================
 `_store`     `SharedStore` (one per `RedisState`), `Stores`, `Health`, `UNAVAILABLE`
+`_lag`       `LoopLag`: how late the loop was, so a bound on Redis does not count it
 `_scripts`   the Lua scripts: every change to fleet state is one atomic script
 `_pacer`     `FleetPacer`, `FleetLease`: admission, leases, overload reports
 `_breaker`   `FleetBreaker`, `FleetVerdict`: the shared circuit and its one probe

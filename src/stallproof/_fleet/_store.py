@@ -1,18 +1,24 @@
 """Fleet state on Redis: the config (`RedisState`) and the store every operation goes through.
 
 Redis is one more upstream that can be slow, down or stalled, so the store treats it like
-one. Each operation runs with its own short bound (``op_timeout``), clipped to the calling
-request's deadline, in a task of its own: when the bound fires the task is cancelled and
-left to close its connection, and the caller goes on at once with the answer
-`UNAVAILABLE`. The caller then uses its in-process state (``fail="open"``) or refuses the
-call with `SharedStateUnavailable` (``fail="closed"``).
+one. The operations asked for in one loop turn go to Redis as one pipeline (a *batch*, in a
+task of its own, on one pooled connection: at most `_MAX_BATCHES` at once), so hundreds of
+calls in flight need a handful of connections, not one each. A batch is bounded by
+``op_timeout`` of Redis's silence: the time this loop was late (`LoopLag`) is not counted,
+and an answer already read when the bound runs out is still taken. When the bound fires
+the batch is cancelled and left to close its connection, and its callers go on at once
+with the answer `UNAVAILABLE`; a caller is bounded by its own deadline too. The caller
+then uses its in-process state (``fail="open"``) or refuses the call with
+`SharedStateUnavailable` (``fail="closed"``).
 
 After a failure the store does not try Redis again for ``retry_interval``: a dead Redis
 costs the first call at most ``op_timeout``, and the calls after it nothing. The first
 operation that succeeds after that resynchronises: fleet state is the authority again.
 Every change of health is one log line on the ``stallproof`` logger and one count on the
 ``stallproof.shared.transitions`` metric; every operation that fell back counts on
-``stallproof.shared.fallbacks``.
+``stallproof.shared.fallbacks``. Background operations (releases, outcomes) are never
+skipped: while Redis is down they are kept and sent when it is tried again, for
+`SharedStore.keep` at most; one given up counts on ``stallproof.shared.dropped``.
 
 redis-py's client is asyncio only. Under trio the store is always unavailable (one log
 line says why) and every call runs on local state.
@@ -21,7 +27,9 @@ line says why) and every call runs on local state.
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
+import hashlib
 import logging
 import math
 import uuid
@@ -33,6 +41,7 @@ from opentelemetry import metrics
 
 from .. import _exceptions as exc
 from .._policies import RedisState
+from ._lag import LoopLag
 
 __all__ = ["UNAVAILABLE", "Health", "SharedStore", "Stores", "now"]
 
@@ -57,6 +66,49 @@ class _Unavailable:
 #: What `SharedStore.run` returns when Redis did not answer in time.
 UNAVAILABLE: Any = _Unavailable()
 
+# Pipelines in flight at once (each holds one connection), and operations per pipeline.
+_MAX_BATCHES = 8
+_MAX_BATCH = 512
+# Loop turns a bound that ran out waits for an answer already read (see `_wait`).
+_HANDOVER_TURNS = 4
+# Background operations kept while Redis is down; past this, new ones are dropped.
+_MAX_DEFERRED = 10_000
+
+
+class _RedisFailed(Exception):
+    """Why a batch got no answer (its operations fall back)."""
+
+
+class _Op:
+    """One script to run: awaited by a caller (``future``), or sent in the background
+    (``on_result``, kept through failures until ``until``)."""
+
+    __slots__ = ("args", "batch", "future", "name", "on_result", "script", "sent", "until")
+
+    def __init__(
+        self,
+        name: str,
+        script: str,
+        args: Sequence[object],
+        *,
+        future: asyncio.Future[Any] | None = None,
+        on_result: Callable[[Any], None] | None = None,
+        until: float = math.inf,
+    ) -> None:
+        self.name = name
+        self.script = script
+        self.args = args
+        self.future = future
+        self.on_result = on_result
+        self.until = until
+        self.batch: list[_Op] = []  # the ops sent with it, and the task sending them
+        self.sent: asyncio.Task[Any] | None = None
+
+    @property
+    def wanted(self) -> bool:
+        """False once its caller stopped waiting: it is not sent."""
+        return self.future is None or not self.future.done()
+
 
 class SharedStore:
     """One process's connection to the fleet state: bounded operations, health, fallback.
@@ -73,8 +125,15 @@ class SharedStore:
         self.reason = ""  # why the store is LOCAL
         self._retry_at = -math.inf
         self._client: Any = None
-        self._scripts: dict[str, Any] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._shas: dict[str, str] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()  # batches in flight
+        self._pending: list[_Op] = []  # operations of this loop turn, not sent yet
+        self._flushing = False  # a flush of `_pending` is scheduled
+        self._batches = 0
+        self._deferred: collections.deque[_Op] = collections.deque()  # kept while down
+        self._resend_at: asyncio.TimerHandle | None = None
+        self._closing = False
+        self._lag = LoopLag(tick=min(0.01, config.op_timeout / 10))
         meter = metrics.get_meter("stallproof", meter_provider=meter_provider)
         self._fallbacks = meter.create_counter(
             "stallproof.shared.fallbacks",
@@ -85,6 +144,12 @@ class SharedStore:
             "stallproof.shared.transitions",
             unit="{change}",
             description="Changes between fleet state on Redis and local fallback",
+        )
+        self._dropped = meter.create_counter(
+            "stallproof.shared.dropped",
+            unit="{operation}",
+            description="Background fleet-state updates (releases, outcomes) given up:"
+            " Redis did not take them within their time",
         )
 
     @property
@@ -110,33 +175,33 @@ class SharedStore:
     # -- operations -------------------------------------------------------------------------
 
     async def run(self, name: str, script: str, args: Sequence[object], *, deadline: float) -> Any:
-        """Run one script within ``op_timeout`` and ``deadline``; `UNAVAILABLE` if it could
-        not. Never raises for Redis's sake; the caller's own cancellation propagates."""
+        """Run one script within ``op_timeout`` of Redis's silence and ``deadline``;
+        `UNAVAILABLE` if it could not. Never raises for Redis's sake; the caller's own
+        cancellation propagates."""
         await anyio.lowlevel.checkpoint()
         if self.health is Health.LOCAL and now() < self._retry_at:
             return self._fell_back(name)
         if not self._on_asyncio():
             return self._fell_back(name)
-        bound = min(self.config.op_timeout, deadline - now())
-        if bound <= 0:
+        start = now()
+        if deadline - start <= 0:
             return self._fell_back(name)
-        task = self._start(script, args)
+        future = asyncio.get_running_loop().create_future()
+        op = _Op(name, script, args, future=future)
+        self._enqueue(op)
         try:
-            with anyio.move_on_after(bound) as timer:
-                result = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        except Exception as e:  # redis.RedisError, OSError, a script error: all "Redis failed"
-            self._down(f"{type(e).__name__}: {_first_line(e)}")
+            # The batch that carries the op decides whether Redis failed (`_batch`, by
+            # op_timeout); an op queued behind other batches fails as soon as one of them
+            # finds Redis down. Twice op_timeout is only a backstop.
+            await self._wait(future, start, 2 * self.config.op_timeout, deadline)
+        finally:
+            if not future.done():  # out of time or cancelled: the answer is not wanted
+                future.cancel()
+                if op.sent is not None and not any(o.wanted for o in op.batch):
+                    op.sent.cancel()  # nobody wants its answers: it ends now
+        if future.cancelled() or future.exception() is not None:
             return self._fell_back(name)
-        if timer.cancelled_caught:
-            task.cancel()  # its connection is closed as the task unwinds (redis-py does)
-            if bound >= self.config.op_timeout:  # Redis's fault, not a call out of time
-                self._down(f"no answer within op_timeout={self.config.op_timeout:g}s")
-            return self._fell_back(name)
-        self._up()
-        return result
+        return future.result()
 
     def submit(
         self,
@@ -146,44 +211,174 @@ class SharedStore:
         *,
         on_result: Callable[[Any], None] | None = None,
     ) -> None:
-        """Run one script in the background, bounded by ``op_timeout`` (releases, outcomes:
-        they happen where no one can await). Skipped while Redis is known to be down;
+        """Run one script in the background (releases, outcomes: they happen where no one
+        can await), batched with the other operations of this loop turn. If Redis fails,
+        it is kept and sent again when Redis is next tried, for ``keep`` seconds at most
+        (see `SharedStore.keep`); then it is dropped (``stallproof.shared.dropped``) and
         whatever it would have freed expires by itself. ``on_result`` gets the answer."""
-        if self.health is Health.LOCAL and now() < self._retry_at:
-            self._fell_back(name)
-            return
         if not self._on_asyncio():
             return
-        task = self._start(script, args)
-        timer = asyncio.get_running_loop().call_later(self.config.op_timeout, task.cancel)
+        op = _Op(name, script, args, on_result=on_result, until=now() + self.keep)
+        if self.health is Health.LOCAL and now() < self._retry_at:
+            self._defer(op)
+        else:
+            self._enqueue(op)
 
-        def settle(t: asyncio.Task[Any]) -> None:
-            timer.cancel()
-            if t.cancelled():
-                self._down(f"no answer within op_timeout={self.config.op_timeout:g}s")
-            elif (error := t.exception()) is not None:
-                self._down(f"{type(error).__name__}: {_first_line(error)}")
+    @property
+    def keep(self) -> float:
+        """How long a background operation waits for Redis, through failures: long
+        enough for two tries after ``retry_interval``."""
+        return 2 * (self.config.retry_interval + self.config.op_timeout)
+
+    async def _wait(
+        self, future: asyncio.Future[Any], start: float, bound: float, deadline: float
+    ) -> None:
+        """Wait for ``future`` until ``deadline``, or until ``bound`` seconds after
+        ``start`` not counting the time this loop was late (`LoopLag`): a loaded loop is
+        not Redis's silence."""
+        lag = self._lag
+        lag.hold()
+        try:
+            late0 = lag.stalled(start)
+            while not future.done():
+                t = now()
+                limit = min(deadline, start + bound + lag.stalled(t) - late0)
+                if t >= limit:
+                    break
+                with anyio.move_on_after(limit - t):
+                    await asyncio.wait({future})  # (cancelling the wait leaves the future)
+            # A timer runs in the loop turn that reads the socket, before the coroutine
+            # that parses what was read: an answer that came in time may be in hand but
+            # not yet handed over. A few more loop turns (each polls the sockets) hand it.
+            for _ in range(_HANDOVER_TURNS):
+                if future.done() or now() >= deadline:
+                    break
+                await asyncio.sleep(0)
+        finally:
+            lag.release()
+
+    # -- batches: every operation of one loop turn goes to Redis as one pipeline ----------
+
+    def _enqueue(self, op: _Op) -> None:
+        self._pending.append(op)
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        loop = asyncio.get_running_loop()
+        while self._pending and self._batches < _MAX_BATCHES:
+            ops = [op for op in self._pending[:_MAX_BATCH] if op.wanted]
+            del self._pending[:_MAX_BATCH]
+            if ops:
+                self._batches += 1
+                task = loop.create_task(self._batch(ops))
+                self._tasks.add(task)
+                task.add_done_callback(self._forget)
+
+    async def _batch(self, ops: list[_Op]) -> None:
+        """Send ``ops`` as one pipeline, bounded by ``op_timeout`` of Redis's silence;
+        hand each op its answer, or, if Redis failed, fail or keep them."""
+        sent = asyncio.get_running_loop().create_task(self._pipeline(ops))
+        for op in ops:
+            op.batch, op.sent = ops, sent
+        try:
+            await self._wait(sent, now(), self.config.op_timeout, math.inf)
+        finally:
+            self._batches -= 1
+            if sent.cancelled():
+                pass  # by its callers, who all stopped waiting: no news about Redis
+            elif not sent.done():
+                sent.cancel()  # its connection is closed as the task unwinds (redis-py does)
+                reason = f"no answer within op_timeout={self.config.op_timeout:g}s"
+                if self._closing:
+                    reason = "the client was closed"
+                self._failed(ops, reason)
+            elif (error := sent.exception()) is not None:
+                self._failed(ops, f"{type(error).__name__}: {_first_line(error)}")
             else:
-                self._up()
-                if on_result is not None:
-                    on_result(t.result())
+                self._answered(ops, sent.result())
+            for op in ops:  # (no cycle left through the batch)
+                op.batch, op.sent = [], None
+            if self._pending and not self._flushing:
+                self._flushing = True
+                asyncio.get_running_loop().call_soon(self._flush)
 
-        task.add_done_callback(settle)
+    async def _pipeline(self, ops: list[_Op]) -> list[Any]:
+        """One round trip (two when Redis has not seen a script yet: it loads it)."""
+        from redis.exceptions import NoScriptError
 
-    def _start(self, script: str, args: Sequence[object]) -> asyncio.Task[Any]:
         client = self._connect()
-        runner = self._scripts.get(script)
-        if runner is None:
-            runner = self._scripts[script] = client.register_script(script)
-        task = asyncio.get_running_loop().create_task(runner(args=list(args), client=client))
-        self._tasks.add(task)
-        task.add_done_callback(self._forget)
-        return task
+        answers = await self._send(client, ops)
+        missing = [i for i, a in enumerate(answers) if isinstance(a, NoScriptError)]
+        if missing:  # a new or restarted Redis: load what it lacks, run those again
+            for script in {ops[i].script for i in missing}:
+                await client.script_load(script)
+            again = await self._send(client, [ops[i] for i in missing])
+            for i, answer in zip(missing, again, strict=True):
+                answers[i] = answer
+        return answers
+
+    async def _send(self, client: Any, ops: list[_Op]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for op in ops:
+            pipe.execute_command("EVALSHA", self._sha(op.script), 0, *op.args)
+        return list(await pipe.execute(raise_on_error=False))
+
+    def _sha(self, script: str) -> str:
+        sha = self._shas.get(script)
+        if sha is None:
+            sha = self._shas[script] = hashlib.sha1(script.encode()).hexdigest()
+        return sha
+
+    def _answered(self, ops: list[_Op], answers: list[Any]) -> None:
+        self._up()
+        for op, answer in zip(ops, answers, strict=True):
+            if isinstance(answer, Exception):  # a script error: Redis is not what we expect
+                self._failed([op], f"{type(answer).__name__}: {_first_line(answer)}")
+            elif op.future is not None:
+                if not op.future.done():
+                    op.future.set_result(answer)
+            elif op.on_result is not None:
+                op.on_result(answer)
+
+    def _failed(self, ops: list[_Op], reason: str) -> None:
+        """Redis failed these: callers hear it now; background ops wait for its return."""
+        if not self._closing:
+            self._down(reason)
+            ops = [*ops, *self._pending]  # not sent yet: not sent to a Redis that is down
+            self._pending.clear()
+        for op in ops:
+            if op.future is not None:
+                if not op.future.done():
+                    op.future.set_exception(_RedisFailed(reason))
+            else:
+                self._defer(op)
+
+    def _defer(self, op: _Op) -> None:
+        if self._closing or now() >= op.until or len(self._deferred) >= _MAX_DEFERRED:
+            self._dropped.add(1, {"stallproof.shared.operation": op.name})
+            return
+        self._deferred.append(op)
+        if self._resend_at is None:
+            loop = asyncio.get_running_loop()
+            self._resend_at = loop.call_at(max(self._retry_at, loop.time()), self._resend)
+
+    def _resend(self) -> None:
+        """Send the kept background ops again (Redis is tried again now)."""
+        self._resend_at = None
+        deferred, self._deferred = self._deferred, collections.deque()
+        for op in deferred:
+            if now() >= op.until:
+                self._dropped.add(1, {"stallproof.shared.operation": op.name})
+            else:
+                self._enqueue(op)
 
     def _forget(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled():
-            task.exception()  # retrieved: the caller already logged what it meant
+            task.exception()  # retrieved: the batch already said what it meant
 
     def _connect(self) -> Any:
         if self._client is None:
@@ -191,15 +386,17 @@ class SharedStore:
             from redis.asyncio.retry import Retry
             from redis.backoff import NoBackoff
 
-            bound = self.config.op_timeout
-            # A blocking pool: past 64 connections an operation waits for one (inside its
-            # own bound) where the default pool would raise at once.
+            # Our bound (`_wait`, which does not count the loop's lateness) cancels a
+            # batch that Redis left unanswered; redis-py's own timeouts, on the wall
+            # clock, are only a backstop, far enough out that a loaded loop never trips
+            # them first. One connection per batch in flight: the pool never runs out.
+            backstop = 10 * self.config.op_timeout + 1.0
             pool = redis.asyncio.BlockingConnectionPool.from_url(
                 self.config.url,
-                max_connections=64,
+                max_connections=_MAX_BATCHES,
                 timeout=None,
-                socket_timeout=bound,
-                socket_connect_timeout=bound,
+                socket_timeout=backstop,
+                socket_connect_timeout=backstop,
                 retry=Retry(NoBackoff(), 0),  # one try: falling back is our retry
                 health_check_interval=0,
             )
@@ -246,19 +443,42 @@ class SharedStore:
                     self.config.prefix,
                 )
             self.health, self.reason = Health.SHARED, ""
+            if self._deferred:  # what waited for Redis goes now
+                if self._resend_at is not None:
+                    self._resend_at.cancel()
+                self._resend()
 
     async def settle(self) -> None:
         """Wait (at most ``op_timeout``) for the background operations sent so far
-        (releases, outcomes) to be answered or given up."""
+        (releases, outcomes) to be answered or given up; those kept while Redis is down
+        are not waited for."""
         with anyio.move_on_after(self.config.op_timeout, shield=True):
-            for task in list(self._tasks):
-                await asyncio.wait({task})
+            while self._tasks or self._pending:
+                if self._tasks:
+                    await asyncio.wait(set(self._tasks))
+                else:
+                    await anyio.lowlevel.checkpoint()  # the scheduled flush runs
 
     async def aclose(self) -> None:
-        """Wait (at most ``op_timeout``) for background operations, then close the client."""
+        """Wait (at most ``op_timeout``) for background operations, then close the
+        client; what is still unsent is dropped (and counted)."""
         await self.settle()
+        self._closing = True
+        if self._resend_at is not None:
+            self._resend_at.cancel()
+            self._resend_at = None
+        for op in [*self._deferred, *self._pending]:
+            if op.future is None:
+                self._dropped.add(1, {"stallproof.shared.operation": op.name})
+            elif not op.future.done():
+                op.future.set_exception(_RedisFailed("the client was closed"))
+        self._deferred.clear()
+        self._pending.clear()
         for task in list(self._tasks):
             task.cancel()
+        if self._tasks:
+            with anyio.move_on_after(self.config.op_timeout, shield=True):
+                await asyncio.wait(set(self._tasks))
         client, self._client = self._client, None
         if client is not None:
             with anyio.move_on_after(self.config.op_timeout, shield=True):
