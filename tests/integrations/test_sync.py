@@ -310,6 +310,26 @@ def test_deadlines_in_and_around_asyncio_to_thread(fault_server: Any, face: Any)
         wait_until_sync(lambda: stalled.inflight() == (), what="the thread's call ended")
 
 
+def test_sync_calls_from_a_thread_anyio_runs_trio_in(fault_server: Any) -> None:
+    """``anyio.run(..., backend="trio")`` (and pytest's anyio plugin) marks its context
+    with sniffio's variable; the engine loop's task ran in a copy of it and anyio took
+    the loop for trio: every sync call and close made from that thread raised a raw
+    RuntimeError (found by the chaos soak)."""
+    import anyio
+
+    client = stallproof.openai.OpenAI(api_key=KEY, base_url=fault_server.url(), timeout=5)
+
+    async def main() -> None:
+        reply = client.chat.completions.create(model="m", messages=MSGS)
+        assert reply.choices[0].message.content
+        with client.chat.completions.create(model="m", messages=MSGS, stream=True) as chunks:
+            assert list(chunks)
+        client.close()
+
+    anyio.run(main, backend="trio")
+    assert pool_held(client.engine) == (0, 0)
+
+
 # -- many threads --------------------------------------------------------------------------
 
 

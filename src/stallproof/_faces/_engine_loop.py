@@ -12,7 +12,8 @@ What crosses the thread boundary:
 - The caller's context. The task runs in a copy of the calling thread's `contextvars`
   (``contextvars.copy_context()``, in which the task is created): `stallproof.tag`, a
   `stallproof.deadline()` scope and the OpenTelemetry current span reach the engine as
-  they do in async code.
+  they do in async code. Only sniffio's variable is set anew ("asyncio", the loop's):
+  a caller inside ``anyio.run(backend="trio")`` has "trio" there.
 - The result, or the error, through a ``concurrent.futures.Future``.
 - Cancellation. The calling thread waits with a bound of its own (`call`'s ``limit``: the
   call's deadline plus a grace), a second line of defence if the loop were ever held up.
@@ -44,6 +45,8 @@ import time
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
+
+import sniffio
 
 from .. import _exceptions as exc
 from .._engine import Engine
@@ -155,7 +158,10 @@ class EngineLoop:
             if job.abandoned:
                 job.future.set_exception(concurrent.futures.CancelledError())
                 return
-            # Runs in the caller's context (below): the task runs in a copy of it.
+            # Runs in the caller's context (below): the task runs in a copy of it. That
+            # copy says which async library runs here: `anyio.run(backend="trio")` marks
+            # its context "trio" for sniffio, and anyio would take this loop for trio.
+            sniffio.current_async_library_cvar.set("asyncio")
             task = self._loop.create_task(fn(*args))
             job.task = task
             self._tasks.add(task)

@@ -1,0 +1,80 @@
+"""The chaos soak at a size CI affords: a few hundred calls, random faults, totals and
+cancellations, through every face at once, on asyncio and trio (tests/support/soak.py;
+benchmarks/soak.py runs the same at 20,000 calls).
+
+Every call must end typed or cancelled as asked (no untyped error), by its deadline plus
+the watchdog's guard (no hang), and leave nothing behind: no pool slot, pacer permit, file
+descriptor or task, and nothing raised where no caller can catch it.
+
+Lateness is judged against the event loop's own lag, measured beside the calls: a call
+late while the loop itself was held up (a loaded runner, a full garbage collection, the
+in-process fault server's thread holding the GIL) is late by the machine; one late by
+more than MARGIN past the loop's lag around its deadline is late by stallproof, and fails.
+A few calls late by the machine are allowed, not many.
+
+Each run draws a new seed, printed in the failure message; replay one with
+``STALLPROOF_SOAK_SEED=<seed>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from ..support import soak
+from ..support.timing import MARGIN
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.slow,
+    # trio finalises a stream's generator a caller left unexhausted (a stream closed after
+    # a few events, a cancelled read) and warns that `aclosing` would be tidier; what it
+    # held is released either way, and the soak checks that.
+    pytest.mark.filterwarnings("ignore:Async generator .* was garbage collected:ResourceWarning"),
+]
+
+SETTINGS = soak.Settings(
+    calls=400,
+    seed=0,
+    concurrency=32,
+    totals=(0.2, 1.2),
+    cancel=0.1,
+    guard=3.0,
+    hold=5.0,
+    threads=8,
+    limit=60.0,
+)
+# At most this share of the calls may end more than MARGIN past their deadline, whatever
+# the loop's lag: a loaded runner delays some, a regression delays many.
+LATE_SHARE = 0.05
+
+
+def _port(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None
+    return port
+
+
+async def test_the_chaos_soak_ends_every_call_typed_on_time_and_leaves_nothing(
+    fault_server: Any, anyio_backend: str
+) -> None:
+    seed = int(os.environ.get("STALLPROOF_SOAK_SEED", random.randrange(1_000_000)))
+    settings = dataclasses.replace(SETTINGS, seed=seed)
+    targets = soak.Targets(fault_server.url(), fault_server.blackhole_url, fault_server.refused_url)
+    ports = frozenset({fault_server.port, _port(fault_server.blackhole_url)})
+    report = await soak.run(settings, targets, server_ports=ports)
+    failures = report.failures(late_after=MARGIN, late_share=LATE_SHARE, beyond_lag=MARGIN)
+    assert not failures, (
+        f"{report.summary()} (replay: STALLPROOF_SOAK_SEED={seed})\n"
+        + "\n".join(failures[:30])
+        + f"\n{report.table()}"
+    )
+    # The mix really ran: every outcome a soak must see, on every face.
+    for outcome in (soak.SUCCESS, soak.TYPED, soak.CANCELLED):
+        assert report.count(outcome) > 0, (outcome, report.table())
+    assert {r.plan.face for r in report.results} == set(soak.FACES)
