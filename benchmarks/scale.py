@@ -18,11 +18,22 @@ p50/p99/max per backend and pool:
 Every run is bounded: N calls, each ended by its own 1 s deadline, the whole run cut at
 ``--budget`` seconds (calls still running then are counted as ``unfinished``).
 
-    PYTHONPATH=src python benchmarks/scale.py                     # N=100 and 2000, both backends
+    PYTHONPATH=src python benchmarks/scale.py          # N=100, 2000 and 10000, both backends
     python benchmarks/scale.py --calls 2000 --backend trio --pool httpcore2
     python benchmarks/scale.py --pool wire --pool httpcore2 --backend asyncio \\
         --calls 500 --calls 1000 --calls 2000 --bookkeeping   # CPU per bookkeeping pass
     python benchmarks/scale.py --calls 2000 --freeze   # the process's heap frozen first
+    python benchmarks/scale.py --calls 10000 --backend trio --memory   # + heap per call
+
+Memory per stalled call is taken once per run, when the most calls are in flight (all N
+started and none ended, else as the first call ends), over the calls in flight then:
+``rss KiB`` is the process's resident set then minus before the run (/proc/self/statm;
+the figure of a process's first run only, as later runs reuse the memory earlier ones
+freed: run one size and backend per process for it). With ``--memory``, ``heap KiB`` is
+what Python allocated (`tracemalloc`, from the run's start: the benchmark's own task per
+call included, ~4.4 KiB of it on asyncio) and ``objs/call`` the GC-tracked objects (~30 of
+them the benchmark's own task's on asyncio); tracing slows every allocation, so the
+timing columns of a ``--memory`` run do not compare with others.
 
 ``--freeze`` runs ``gc.collect(); gc.freeze()`` once, after the imports: what a latency-minded
 service can do after start-up (CPython's `gc.freeze` documentation), so that full collections
@@ -35,9 +46,11 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import os
 import socket
 import sys
 import time
+import tracemalloc
 import warnings
 from collections import Counter
 from typing import Any
@@ -173,16 +186,23 @@ class GCPauses:
 GC = GCPauses()
 
 
-async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
+async def run(
+    url: str, pool: str, calls: int, budget: float, memory: bool = False
+) -> dict[str, Any]:
     client = make_client(url, pool)
     overshoot: list[float] = []
     outcomes: Counter[str] = Counter()
 
     starts: list[float] = []
+    inflight = [0, 0]  # started, ended
+    most = anyio.Event()  # the most calls are in flight: all started, or one ended
 
     async def one() -> None:
         start = time.monotonic()
         starts.append(start)
+        inflight[0] += 1
+        if inflight[0] == calls:
+            most.set()
         try:
             await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "stall"}]
@@ -192,23 +212,36 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
             outcomes[type(e).__name__] += 1
         except Exception as e:  # an untyped error is a finding: count it by name
             outcomes[f"untyped {type(e).__name__}"] += 1
+        inflight[1] += 1
+        most.set()
         overshoot.append(time.monotonic() - start - TOTAL)
 
-    async def count_objects() -> None:
-        # Half-way to the deadline every call is in flight: what the GC has to walk.
-        await anyio.sleep(TOTAL / 2)
-        objects.append(len(gc.get_objects()) - baseline)
+    peak: dict[str, float] = {}
 
-    objects: list[int] = []
+    async def sample_peak() -> None:
+        # Once, when the most calls are in flight: all started and none ended, else the
+        # first call ended.
+        await most.wait()
+        n = inflight[0] - inflight[1]
+        peak["calls"] = n
+        peak["rss"] = (rss() - rss_before) / n
+        if memory:
+            peak["heap"] = (tracemalloc.get_traced_memory()[0] - heap_before) / n
+            peak["objects"] = (len(gc.get_objects()) - objects_before) / n
+
     gc.collect()
-    baseline = len(gc.get_objects())
+    objects_before = len(gc.get_objects()) if memory else 0
+    if memory:
+        tracemalloc.start()
+    heap_before = tracemalloc.get_traced_memory()[0] if memory else 0
+    rss_before = rss()
     GC.reset()
     BOOKKEEPING.seconds, BOOKKEEPING.passes = 0.0, 0
     cpu = time.process_time()
     started = time.monotonic()
     with anyio.move_on_after(budget):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(count_objects)
+            tg.start_soon(sample_peak)
             for _ in range(calls):
                 tg.start_soon(one)
     wall = time.monotonic() - started
@@ -218,6 +251,8 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
     ending = sum(t >= started + TOTAL for t in GC.full)
     gc_pauses = (GC.total, GC.longest, f"{len(GC.full)}/{ending}")
     unfinished = calls - len(overshoot)
+    if memory:
+        tracemalloc.stop()
     with anyio.move_on_after(10):
         await client.aclose()
         http = getattr(client._engine.pool, "_client", None)
@@ -232,8 +267,14 @@ async def run(url: str, pool: str, calls: int, budget: float) -> dict[str, Any]:
         "unfinished": unfinished,
         "bookkeeping": (BOOKKEEPING.seconds, BOOKKEEPING.passes),
         "gc": gc_pauses,
-        "objects": objects[0] / calls if objects else math.nan,
+        "peak": peak,
     }
+
+
+def rss() -> int:
+    """The process's resident set, in bytes (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -246,7 +287,7 @@ def pct(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--calls", type=int, action="append", help="N (repeatable; default 100 and 2000)"
+        "--calls", type=int, action="append", help="N (repeatable; default 100, 2000, 10000)"
     )
     parser.add_argument("--backend", choices=("asyncio", "trio"), action="append")
     parser.add_argument("--pool", choices=POOLS, action="append", help="default: wire")
@@ -257,8 +298,11 @@ def main() -> None:
     parser.add_argument(
         "--freeze", action="store_true", help="gc.freeze() the heap after imports (a user option)"
     )
+    parser.add_argument(
+        "--memory", action="store_true", help="trace the heap and count objects (slows the run)"
+    )
     args = parser.parse_args()
-    sizes = args.calls or [100, 2000]
+    sizes = args.calls or [100, 2000, 10_000]
     backends = args.backend or ["asyncio", "trio"]
     pools = args.pool or ["wire"]
     if any(n < 1 or n > 20_000 for n in sizes):
@@ -275,14 +319,14 @@ def main() -> None:
         BOOKKEEPING.install()
     columns = (
         "pool", "backend", "calls", "p50 ms", "p99 ms", "max ms", "start s", "cpu s", "gc s",
-        "gc max", "full/end", "objs/call",
+        "gc max", "full/end", "rss KiB", "heap KiB", "objs/call",
     )  # fmt: skip
     print(" ".join(f"{c:>8}" for c in columns) + "  outcomes")
     try:
         for pool in pools:
             for backend in backends:
                 for n in sizes:
-                    r = anyio.run(run, url, pool, n, args.budget, backend=backend)
+                    r = anyio.run(run, url, pool, n, args.budget, args.memory, backend=backend)
                     o = r["overshoot"]
                     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
                     if r["unfinished"]:
@@ -297,7 +341,10 @@ def main() -> None:
                         f"{r['gc'][0]:>8.2f}",
                         f"{r['gc'][1]:>8.2f}",
                         f"{r['gc'][2]:>8}",
-                        f"{r['objects']:>9.0f}",
+                        *(
+                            f"{r['peak'].get(k, math.nan) / d:>8.1f}"
+                            for k, d in (("rss", 1024), ("heap", 1024), ("objects", 1))
+                        ),
                     ]
                     if args.bookkeeping:
                         seconds, passes = r["bookkeeping"]

@@ -33,10 +33,12 @@ slot nobody holds.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable
+from typing import Any
 
 import anyio
 import httpcore2
@@ -89,18 +91,58 @@ host, port, and the proxy it goes through (None: direct; routes hash by identity
 
 
 class _Waiter:
-    """A call waiting for a connection; ``granted`` is set (with ``ready``) when it has one,
-    ``fresh`` when that is a new connection, not yet connected."""
+    """A call waiting for a connection; ``granted`` is set (and the waiter woken) when it
+    has one, ``fresh`` when that is a new connection, not yet connected.
 
-    __slots__ = ("fresh", "granted", "key", "origin", "ready", "route")
+    Thousands of calls may wait at once, so the wake-up is the loop's own, not an
+    `anyio.Event` (which is an event, the loop's event, its deque and two coroutines per
+    waiting call): on asyncio a bare future the waiting task awaits, on trio the task
+    itself, parked (`trio.lowlevel.wait_task_rescheduled`). Either is woken at most once,
+    and not at all once the wait was cancelled: the cancelled waiter finds ``granted`` as
+    it leaves (`Pool._leave`).
+    """
+
+    __slots__ = ("_future", "_task", "fresh", "granted", "key", "origin", "route")
 
     def __init__(self, origin: httpcore2.Origin, route: ProxyRoute | None, key: _Key) -> None:
         self.origin = origin
         self.route = route
         self.key = key
-        self.ready = anyio.Event()
         self.granted: _Conn | None = None
         self.fresh = False
+        self._future: asyncio.Future[None] | None = None
+        self._task: Any = None  # trio: the parked task until it is woken or cancelled
+
+    def wait(self) -> Awaitable[None]:
+        """Sleep until `wake` (cancellable: a scope around it ends the wait)."""
+        if sniffio.current_async_library() == "asyncio":
+            self._future = future = asyncio.get_running_loop().create_future()
+            return future  # awaited as it is: no coroutine of ours per waiting call
+        return self._park()
+
+    async def _park(self) -> None:
+        import trio
+
+        self._task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, raise_cancel: object) -> Any:
+        import trio
+
+        self._task = None  # cancelled while parked: never rescheduled
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def wake(self) -> None:
+        future = self._future
+        if future is not None:
+            if not future.done():  # (a cancelled wait's future is done)
+                future.set_result(None)
+            return
+        task, self._task = self._task, None
+        if task is not None:
+            import trio
+
+            trio.lowlevel.reschedule(task)
 
 
 class Pool:
@@ -184,6 +226,7 @@ class Pool:
         conn = self._checkout(origin, route, key, closing)
         try:
             await _close(closing)
+            del closing  # not held while the call waits (thousands may)
             if conn is None:  # _wait gives back what it was granted if it fails
                 timeout = request.extensions.get("timeout", {}).get("pool")
                 conn = await self._wait(_Waiter(origin, route, key), timeout)
@@ -288,11 +331,11 @@ class Pool:
         # No timeout: no scope (and no timer) at all; whatever encloses the call bounds it.
         try:
             if timeout is None:
-                await waiter.ready.wait()
+                await waiter.wait()
                 timed_out = False
             else:
                 with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
-                    await waiter.ready.wait()
+                    await waiter.wait()
                 timed_out = scope.cancelled_caught
         except BaseException:
             await self._leave(waiter)
@@ -301,7 +344,7 @@ class Pool:
             await self._leave(waiter)
             raise httpcore2.PoolTimeout(f"no connection free within {timeout} s")
         granted = waiter.granted
-        if granted is None:  # pragma: no cover - ready is set only with a connection
+        if granted is None:  # pragma: no cover - woken only with a connection
             raise RuntimeError("the pool woke a waiter without a connection")
         return granted
 
@@ -343,7 +386,7 @@ class Pool:
                 self._open -= 1
             waiter.granted = self._new(waiter.origin, waiter.route)
             waiter.fresh = True
-        waiter.ready.set()
+        waiter.wake()
         return True
 
     async def _checkin(self, conn: _Conn, key: _Key) -> None:
