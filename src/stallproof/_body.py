@@ -43,7 +43,7 @@ from ._decoding import ContentDecoder, typed_errors
 from ._progress import Outcome, classify
 from ._sse import LineTooLong, ServerSentEvent, SSEDecoder
 
-__all__ = ["Event", "ResponseBody", "aclose_iterator", "close_pool_response"]
+__all__ = ["Event", "ResponseBody", "aclose_iterator", "close_pool_response", "closes_at_once"]
 
 # Closing is local work (a socket close), but it is bounded too.
 _CLOSE_BOUND = 5.0
@@ -69,6 +69,13 @@ async def aclose_iterator(iterator: AsyncIterator[bytes]) -> None:
     aclose = getattr(iterator, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+def closes_at_once(response: httpcore2.Response) -> bool:
+    """Whether closing ``response`` does no I/O and never suspends (the asyncio wire's
+    bodies: `_wire._pool._Body.closes_at_once`): nothing can interrupt it, so it needs no
+    shield and no timer."""
+    return getattr(response.stream, "closes_at_once", False) is True
 
 
 async def close_pool_response(response: httpcore2.Response) -> None:
@@ -434,7 +441,11 @@ class ResponseBody:
         raw, pool_response = self._raw, self._pool_response
         self._raw = None
         if raw is not None or pool_response is not None:
-            with anyio.move_on_after(_CLOSE_BOUND, shield=True):
+            with (
+                _NO_SCOPE
+                if pool_response is not None and closes_at_once(pool_response)
+                else anyio.move_on_after(_CLOSE_BOUND, shield=True)
+            ):
                 try:
                     if raw is not None:
                         # Finalise the body iterator now rather than at garbage collection.

@@ -39,7 +39,7 @@ import httpcore2
 import httpx2
 
 from . import _exceptions as exc
-from ._body import ResponseBody, aclose_iterator, close_pool_response
+from ._body import ResponseBody, aclose_iterator, close_pool_response, closes_at_once
 from ._breaker import BreakerRegistry, Circuit, CircuitState
 from ._call import Call
 from ._callscope import CallScope
@@ -222,6 +222,8 @@ class Engine:
             pool = open_pool(limits, trust_env=trust_env, proxy=proxy)
         self.pool: Wire = pool
         self._rng = random.Random()
+        # Headers already found fine (`check_headers`): a client sends the same on every call.
+        self._known_headers: set[tuple[bytes, bytes]] = set()
         self._calls: dict[int, Call] = {}
         register(self, self._calls)  # in `stallproof.inflight()` while this engine lives
         self._instruments = Instruments(
@@ -276,10 +278,11 @@ class Engine:
         opts = out.options
         meta = opts.body if opts.body is not None else _peek_json(out)
         policy = self._resolve_retry(opts.retry)
-        call = self._open_call(out, meta, policy)
         # Refused by name before anything is sent: the HTTP layer's own error would quote
-        # the value, and the value of a bad Authorization header is the key.
-        problem = check_headers(out.headers) or _port_problem(out.port)
+        # the value, and the value of a bad Authorization header is the key. (Checked
+        # before the call adds its own x-request-id, which is fine by construction.)
+        problem = check_headers(out.headers, self._known_headers) or _port_problem(out.port)
+        call = self._open_call(out, meta, policy)
         if problem is not None:
             raise call.error(exc.InvalidRequestError, problem)
         circuit: Circuit | None = None
@@ -332,7 +335,10 @@ class Engine:
         )
 
     def _start_telemetry(self, out: Outgoing, call: Call, meta: Mapping[str, Any]) -> CallTelemetry:
-        return self._instruments.start(
+        instruments = self._instruments
+        if instruments.quiet():
+            return instruments.start_quiet(call)  # nothing to record: no attributes to build
+        return instruments.start(
             call,
             meta,
             operation=out.options.operation or _operation(out.target),
@@ -585,7 +591,7 @@ class Engine:
                     # An error body that does not decode: the status is the answer, with
                     # what decoded before the fault.
         finally:
-            if exhausted and _closes_at_once(pool_response):
+            if exhausted and closes_at_once(pool_response):
                 await aclose_iterator(raw)  # no I/O, never suspends: nothing to shield
             elif exhausted and self._closes_bounded():
                 # Closing an iterator that ran to its end is local: no timer for it.
@@ -602,7 +608,7 @@ class Engine:
 
     async def _close_read(self, pool_response: httpcore2.Response) -> None:
         """Give back the connection of a body read to its end."""
-        if _closes_at_once(pool_response):
+        if closes_at_once(pool_response):
             await pool_response.aclose()  # no I/O, never suspends: nothing to shield
         elif self._closes_bounded():
             # Our pool bounds its own closing (shielded, with a timeout where there is
@@ -645,11 +651,6 @@ async def _release(pool_response: httpcore2.Response | None, stream: ResponseBod
         await stream.discard()
     elif pool_response is not None:
         await close_pool_response(pool_response)
-
-
-def _closes_at_once(pool_response: httpcore2.Response) -> bool:
-    # The asyncio wire's bodies (`_wire._pool._Body.closes_at_once`).
-    return getattr(pool_response.stream, "closes_at_once", False) is True
 
 
 def _redirected(out: Outgoing, status: int, location: bytes, call: Call) -> Outgoing:

@@ -8,8 +8,8 @@ per line and per event, never by what the server chooses to send.
 
 from __future__ import annotations
 
-import dataclasses
 import re
+from typing import NamedTuple
 
 __all__ = ["LineTooLong", "SSEDecoder", "ServerSentEvent"]
 
@@ -23,8 +23,10 @@ _EOLS = re.compile(rb"[\r\n][\r\n]*")
 _LFS = re.compile(rb"\n\n*")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ServerSentEvent:
+class ServerSentEvent(NamedTuple):
+    """One event: immutable, and a tuple (half the cost of a frozen dataclass to make:
+    one is made per event of every stream)."""
+
     data: str
     event: str = "message"
     id: str | None = None
@@ -107,9 +109,7 @@ class SSEDecoder:
         return events
 
     def _dispatch(self) -> ServerSentEvent:
-        event = ServerSentEvent(
-            data="\n".join(self._data), event=self._event or "message", id=self._id
-        )
+        event = ServerSentEvent("\n".join(self._data), self._event or "message", self._id)
         self._data = []
         self._data_bytes = 0
         self._event = ""

@@ -19,8 +19,10 @@ bucket boundaries the conventions advise and ``server.address``, ``server.port``
 
 Only opentelemetry-api is used. With no tracer or meter provider configured, the API hands
 out non-recording spans and no-op instruments: stallproof checks ``is_recording()`` before
-building any attribute, so the cost is a few no-op calls. Prompts and completions are
-never recorded unless ``record_content=True``.
+building any attribute. A call that would record nothing at all and send no trace context
+(`Instruments.quiet`: no provider behind the API, no span or baggage in the context to
+propagate) skips the spans and instruments altogether. Prompts and completions are never
+recorded unless ``record_content=True``.
 """
 
 from __future__ import annotations
@@ -158,6 +160,9 @@ class Instruments:
         self.provider_name = provider_name
         self.record_content = record_content
         self.tracer = trace.get_tracer("stallproof", __version__, tracer_provider=tracer_provider)
+        # A tracer of the API's own: no-op, or (a proxy) no-op until a provider is set.
+        self._noop_tracer = isinstance(self.tracer, trace.NoOpTracer)
+        self._proxy_tracer = isinstance(self.tracer, trace.ProxyTracer)
         meter = metrics.get_meter("stallproof", __version__, meter_provider=meter_provider)
         self.duration = meter.create_histogram(
             "gen_ai.client.operation.duration",
@@ -208,6 +213,40 @@ class Instruments:
             description="Circuit state per upstream: 0 closed, 1 half-open, 2 open",
         )
 
+    def quiet(self) -> bool:
+        """Whether a call starting now would record nothing and send no trace context.
+
+        True when neither a tracer nor a meter stands behind the API (its no-op defaults,
+        or its proxies before a provider is set), the context holds no valid span to
+        parent the call's, and the propagators would write nothing (the defaults, no
+        baggage). Such a call's `CallTelemetry` makes no span and touches no instrument:
+        what the API would have done with them is nothing.
+        """
+        return (
+            self._metrics_off()
+            and self._tracing_off()
+            and not trace.get_current_span().get_span_context().is_valid
+            and _default_propagation()
+            and not baggage.get_all()
+        )
+
+    def _tracing_off(self) -> bool:
+        if self._noop_tracer:
+            return True
+        # A proxy tracer stays the no-op one until a global provider is set.
+        return self._proxy_tracer and isinstance(
+            trace.get_tracer_provider(), trace.ProxyTracerProvider
+        )
+
+    def _metrics_off(self) -> bool:
+        # The API's instruments: no-op ones (a NoOpMeterProvider's), or the global proxy
+        # meter's, which do nothing until an SDK is set (``_real_instrument`` is None;
+        # an instrument without that attribute is taken for a real one).
+        instrument = self.inflight
+        return isinstance(instrument, metrics.NoOpUpDownCounter) or (
+            getattr(instrument, "_real_instrument", self) is None
+        )
+
     def start(
         self,
         call: Call,
@@ -220,6 +259,10 @@ class Instruments:
     ) -> CallTelemetry:
         provider = self.provider_name or infer_provider(server_address, path)
         return CallTelemetry(self, call, body, operation, provider, server_address, server_port)
+
+    def start_quiet(self, call: Call) -> CallTelemetry:
+        """The telemetry of a call started while `quiet`: log lines only."""
+        return CallTelemetry(self, call, {}, "", "", "", 0, quiet=True)
 
 
 class CallTelemetry:
@@ -234,6 +277,8 @@ class CallTelemetry:
         provider: str,
         server_address: str,
         server_port: int,
+        *,
+        quiet: bool = False,
     ) -> None:
         self.instruments = instruments
         self.server_address = server_address
@@ -242,8 +287,16 @@ class CallTelemetry:
         self._attempt_span: trace.Span | None = None
         self._ended = False
         self._last_chunk: float | None = None
+        # Nothing to record or propagate (`Instruments.quiet`): no span, no instrument.
+        self._quiet = quiet
+        if quiet:
+            self._base_attrs: dict[str, Any] = {}
+            self.span: trace.Span = trace.INVALID_SPAN
+            self.recording = False
+            _log_start(call)
+            return
         # Attributes of every metric point (and of the span from its start).
-        self._base_attrs: dict[str, Any] = {
+        self._base_attrs = {
             "gen_ai.operation.name": operation,
             "gen_ai.provider.name": provider,
             "gen_ai.request.model": call.model,
@@ -270,18 +323,13 @@ class CallTelemetry:
                 attrs["gen_ai.input.messages"] = json.dumps(body.get("messages"), default=str)
             self.span.set_attributes(attrs)
         instruments.inflight.add(1, {"stallproof.phase": call.phase})
-        logger.debug(
-            "call started model=%s stream=%s agent=%s request_id=%s",
-            call.model,
-            call.stream,
-            call.agent,
-            call.request_id,
-            extra={"stallproof_request_id": call.request_id},
-        )
+        _log_start(call)
 
     # -- phases and attempts -----------------------------------------------------------------
 
     def phase_changed(self, old: str, new: str) -> None:
+        if self._quiet:
+            return
         self.instruments.inflight.add(-1, {"stallproof.phase": old})
         self.instruments.inflight.add(1, {"stallproof.phase": new})
 
@@ -318,6 +366,8 @@ class CallTelemetry:
             propagate.inject(carrier, context=trace.set_span_in_context(span))
 
     def attempt_ended(self, error: BaseException | None, status: int | None = None) -> None:
+        if self._quiet:
+            return
         outcome = "ok" if error is None else self._error_type(error)
         self.instruments.attempts.add(1, {**self._base_attrs, "stallproof.outcome": outcome})
         self._end_attempt(error, status)
@@ -374,7 +424,7 @@ class CallTelemetry:
 
     def first_chunk(self) -> None:
         """The stream's first content chunk arrived (later calls are no-ops)."""
-        if self._last_chunk is not None:
+        if self._last_chunk is not None or self._quiet:
             return
         ttfc = self.call.elapsed()
         self._last_chunk = ttfc
@@ -385,6 +435,8 @@ class CallTelemetry:
     def chunk(self) -> None:
         """A content chunk arrived: the first sets time to first chunk, each later one
         records the time since the one before (``time_per_output_chunk``)."""
+        if self._quiet:
+            return
         if self._last_chunk is None:
             self.first_chunk()
             return
@@ -397,6 +449,9 @@ class CallTelemetry:
     def finished(self, outcome: Outcome) -> None:
         """The call succeeded: response attributes, token usage, and the end of the span."""
         if self._ended:
+            return
+        if self._quiet:
+            self._end(None)
             return
         if outcome.response_model:
             self._base_attrs["gen_ai.response.model"] = outcome.response_model
@@ -455,14 +510,15 @@ class CallTelemetry:
 
     def _end(self, error: BaseException | None) -> None:
         self._ended = True
-        self._end_attempt(error)
-        attrs = dict(self._base_attrs)
-        if error is not None:
-            attrs["error.type"] = self._error_type(error)
-        self.instruments.duration.record(self.call.elapsed(), attrs)
-        self.instruments.inflight.add(-1, {"stallproof.phase": self.call.phase})
-        self.span.end()
-        if error is None:
+        if not self._quiet:
+            self._end_attempt(error)
+            attrs = dict(self._base_attrs)
+            if error is not None:
+                attrs["error.type"] = self._error_type(error)
+            self.instruments.duration.record(self.call.elapsed(), attrs)
+            self.instruments.inflight.add(-1, {"stallproof.phase": self.call.phase})
+            self.span.end()
+        if error is None and logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "call finished in %.3fs request_id=%s",
                 self.call.elapsed(),
@@ -504,6 +560,9 @@ class CallTelemetry:
         return type(error).__qualname__
 
 
+_NO_CARRIER: Mapping[str, str] = {}
+
+
 class _AttemptScope:
     """`CallTelemetry.attempt`: a slotted context manager, not a generator one (a
     generator and its context manager more per call in flight, for the collector to walk
@@ -517,8 +576,10 @@ class _AttemptScope:
         self._url = url
         self._token: Token[otel_context.Context] | None = None
 
-    def __enter__(self) -> dict[str, str]:
+    def __enter__(self) -> Mapping[str, str]:
         telemetry = self._telemetry
+        if telemetry._quiet:  # nothing records a span: none is made
+            return _NO_CARRIER
         carrier: dict[str, str] = {}
         telemetry.attempt_started(self._n, self._url, carrier)
         span = telemetry._attempt_span
@@ -537,6 +598,18 @@ class _AttemptScope:
         token, self._token = self._token, None
         if token is not None:
             otel_context.detach(token)
+
+
+def _log_start(call: Call) -> None:
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "call started model=%s stream=%s agent=%s request_id=%s",
+            call.model,
+            call.stream,
+            call.agent,
+            call.request_id,
+            extra={"stallproof_request_id": call.request_id},
+        )
 
 
 def _inert(span: trace.Span) -> bool:

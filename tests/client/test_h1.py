@@ -173,6 +173,38 @@ async def test_the_read_bound_fires_on_a_server_that_goes_quiet(raw_server: Any)
     assert pool.stats().nothing_held
 
 
+@asyncio_only
+async def test_one_timer_per_connection_bounds_each_read_from_its_own_start(
+    raw_server: Any,
+) -> None:
+    """The connection's one timer (`H1Connection._arm`): armed for an earlier read, it
+    moves on to a later read's bound when it fires, and comes forward for an earlier one:
+    every read is bounded from its own start, never by an older read's timer."""
+    srv = raw_server(always([response(200, b"", length=False), b"a", 0.2, b"b", 5.0]))
+    pool = Pool(stallproof.Limits())
+    resp = await pool.send(request(srv.url, extensions={"timeout": {"read": 0.5}}))
+    body = resp.stream.__aiter__()  # type: ignore[union-attr]
+    assert await body.__anext__() == b"a"
+    assert await body.__anext__() == b"b"  # ~0.2 s: the timer armed at the start stays
+    with stopwatch() as t, pytest.raises(httpcore2.ReadTimeout):
+        await body.__anext__()  # the timer fires 0.3 s in, and is moved on to 0.5 s
+    assert 0.5 <= t[0] < 0.5 + MARGIN
+    await resp.aclose()
+
+    srv = raw_server(always([response(200, b"", length=False), b"a", 5.0]))
+    resp = await pool.send(request(srv.url, extensions={"timeout": {"read": 5.0}}))
+    body = resp.stream.__aiter__()  # type: ignore[union-attr]
+    assert isinstance(body, H1Body)
+    assert await body.__anext__() == b"a"
+    loop_now = asyncio.get_running_loop().time
+    with stopwatch() as t, pytest.raises(TimeoutError):
+        await body.read_before(loop_now() + 0.3)  # earlier than the armed timer: re-armed
+    assert 0.3 <= t[0] < 0.3 + MARGIN
+    await resp.aclose()
+    assert pool.stats().nothing_held
+    await pool.aclose()
+
+
 class KeepAliveServer:
     """Answers every request on a connection with ``answer``, keeping it open; counts
     connections."""

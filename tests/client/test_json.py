@@ -57,6 +57,38 @@ async def test_deep_nesting_is_malformed_not_recursion_error(
     assert_pool_clean(client)
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        '{"a": 1, "b": [true, null, -0.0, 1e400, 12345678901234567890123], "a": 3}',
+        '"\\ud800"',  # a lone surrogate escape: json takes it, pydantic-core does not
+        '"\\ud83d\\ude00 \\u00e9 \\/"',
+        "NaN",
+        "[Infinity, -Infinity]",
+        '\ufeff{"a": 1}',
+        '{"a": 1,}',
+        '"a\x01b"',
+        "1 2",
+        "",
+        "[" * MAX_DEPTH + "]" * MAX_DEPTH,
+    ],
+)
+@pytest.mark.parametrize("encoding", [None, "utf-8", "utf-8-sig", "utf-16", "utf-32-le"])
+def test_loads_accepts_and_refuses_what_json_does(doc: str, encoding: str | None) -> None:
+    """`loads` parses with pydantic-core and falls back to json: whatever the input, the
+    result is json's (objects, or an error that is a ValueError)."""
+    data: str | bytes = doc if encoding is None else doc.encode(encoding, "surrogatepass")
+
+    def outcome(parse: Any) -> object:
+        try:
+            value = parse(data)
+        except ValueError as e:
+            return type(e)
+        return repr(value)  # (NaN != NaN, but its repr is the same)
+
+    assert outcome(loads) == outcome(json.loads)
+
+
 def test_depth_is_measured_outside_strings() -> None:
     assert not too_deep(json.dumps({"s": "[" * 1000, "t": '\\"[[[' * 300}).encode())
     assert not too_deep(json.dumps(_nested(MAX_DEPTH)).encode())

@@ -111,6 +111,44 @@ async def test_stream_span_covers_the_whole_stream(
     assert seconds(call) >= 0.15  # all four tokens, not just headers
 
 
+@pytest.mark.parametrize("context", ["none", "parent", "baggage"])
+async def test_trace_context_without_a_provider(
+    context: str, fault_server: Any, make_client: MakeClient
+) -> None:
+    """With no tracer or meter provider the call records nothing, but a span or baggage
+    already in the caller's context is still propagated (the quiet path skips only what
+    the API would have done nothing with)."""
+    from opentelemetry import baggage, trace
+    from opentelemetry import context as otel_context
+
+    client, sent = spying_client(make_client, fault_server.url(), retry=None)
+    parent = trace.SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    ctx = otel_context.get_current()
+    if context == "parent":
+        ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent), ctx)
+    elif context == "baggage":
+        ctx = baggage.set_baggage("tenant", "t-1", ctx)
+    token = otel_context.attach(ctx)
+    try:
+        await client.chat.completions.create(model="m", messages=MSGS)
+    finally:
+        otel_context.detach(token)
+    (headers,) = sent.headers
+    if context == "parent":
+        assert headers["traceparent"] == f"00-{parent.trace_id:032x}-{parent.span_id:016x}-01"
+    else:
+        assert "traceparent" not in headers
+    if context == "baggage":
+        assert headers["baggage"] == "tenant=t-1"
+    else:
+        assert "baggage" not in headers
+
+
 async def test_retried_call_has_one_span_per_attempt(
     fault_server: Any, fault_key: str, make_client: MakeClient, spans: Any
 ) -> None:

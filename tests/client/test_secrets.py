@@ -183,3 +183,27 @@ async def test_a_user_http_client_error_chain_holds_no_request(
         await client.chat.completions.create(model="m", messages=MSGS)
     assert_no_key(e.value)
     assert not any(isinstance(x, httpx.HTTPError) for x in chain(e.value))
+
+
+def test_check_headers_remembers_only_fine_headers() -> None:
+    """With a ``known`` set, `check_headers` skips headers it found fine before and still
+    refuses exactly what `header_problem` refuses, header by header, every time."""
+    from stallproof._redact import KNOWN_HEADERS, check_headers, header_problem
+
+    def one_by_one(headers: list[tuple[bytes, bytes]]) -> str | None:
+        return next((p for n, v in headers if (p := header_problem(n, v)) is not None), None)
+
+    good = [(b"user-agent", b"stallproof/1"), (b"authorization", b"Bearer k"), (b"x-a", b"")]
+    cases: list[list[tuple[bytes, bytes]]] = [[], good]
+    for byte in range(256):
+        c = bytes([byte])
+        cases.append([*good, (b"x-test", b"a" + c + b"a")])
+        cases.append([(b"x-test", c + b"a"), *good])
+        cases.append([*good, (b"x" + c + b"y", b"v")])
+    known: set[tuple[bytes, bytes]] = set()
+    for _ in range(2):
+        for headers in cases:
+            assert check_headers(headers, known) == one_by_one(headers), headers
+            assert len(known) <= KNOWN_HEADERS
+            assert all(header_problem(n, v) is None for n, v in known)
+    assert (b"authorization", b"Bearer k") in known

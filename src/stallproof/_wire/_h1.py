@@ -9,7 +9,8 @@ body, keep the connection alive — at a fraction of the Python work per call:
 - bytes are pushed to it by the event loop (``data_received``) and parsed in C by llhttp,
   which also undoes chunked framing; a read of the body takes everything buffered so far;
 - a read waits on one future; its ``read`` bound (and a write's ``write`` bound) is a
-  loop timer that fails that future, not an anyio cancel scope per read.
+  loop timer that fails that future, not an anyio cancel scope per read; and one timer
+  per connection serves every read, moved on only when it fires early (`_arm`).
 
 Everything that bounds a call from outside still holds: a read or a write is an await on
 a future, which the engine's cancel scope cancels like any other; the pool closes a
@@ -89,6 +90,13 @@ class H1Connection(httpcore2.AsyncConnectionInterface, asyncio.Protocol):
         self._expire_at: float | None = None
         self._stale = False  # the peer closed, or sent something unasked, while idle
         self._waiter: asyncio.Future[None] | None = None
+        # The bound of the wait in progress (`_wait`): when, and what it fails with (an
+        # httpcore2 timeout and its limit; None: the built-in TimeoutError). One loop timer
+        # per connection serves every wait: see `_arm`.
+        self._due: float | None = None
+        self._due_error: tuple[type[httpcore2.TimeoutException], float] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._write_paused = False
         self._reading_paused = False
         self._lost = False
@@ -145,6 +153,9 @@ class H1Connection(httpcore2.AsyncConnectionInterface, asyncio.Protocol):
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         transport = self._transport
         if transport is not None:
             # abort, not close: nothing of ours is left to send, and a half-read response
@@ -296,28 +307,63 @@ class H1Connection(httpcore2.AsyncConnectionInterface, asyncio.Protocol):
     ) -> None:
         """Wait for the protocol to have news (data, the end, an error, drained buffers).
 
-        A bound is a loop timer that fails the one future waited on (``timeout`` with
-        ``error``, ``until`` with `TimeoutError`, whichever is first); a cancellation (the
-        engine's scope) cancels the future like any other await.
+        A bound fails the one future waited on (``timeout`` with ``error``, ``until``
+        with `TimeoutError`, whichever is first), by the connection's loop timer (`_arm`);
+        a cancellation (the engine's scope) cancels the future like any other await.
         """
         loop = self._loop
         waiter = loop.create_future()
         self._waiter = waiter
-        timer: asyncio.TimerHandle | None = None
         if timeout is not None:
             at = loop.time() + timeout
             if until is not None and until < at:
-                timer = loop.call_at(until, _passed, waiter)
+                self._arm(until, None)
             else:
-                timer = loop.call_at(at, _time_out, waiter, error, timeout)
+                self._arm(at, (error, timeout))
         elif until is not None:
-            timer = loop.call_at(until, _passed, waiter)
+            self._arm(until, None)
         try:
             await waiter
         finally:
             self._waiter = None
+            self._due = None
+
+    def _arm(
+        self, due: float, error: tuple[type[httpcore2.TimeoutException], float] | None
+    ) -> None:
+        """Bound the wait about to start at ``due`` (the loop's clock).
+
+        One timer per connection, not one per wait: each read's bound lies further ahead
+        than the one before, so a timer armed for an earlier wait that has not fired yet
+        comes first, and `_on_timer` moves it on to this wait's bound when it does. A new
+        timer is made only when none is armed or the armed one comes too late.
+        """
+        self._due = due
+        self._due_error = error
+        timer = self._timer
+        if timer is None or self._timer_at > due:
             if timer is not None:
                 timer.cancel()
+            self._timer = self._loop.call_at(due, self._on_timer)
+            self._timer_at = due
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        due = self._due
+        waiter = self._waiter
+        if due is None or waiter is None or waiter.done():
+            return  # no bounded wait now: the next one arms a timer again
+        if self._timer_at < due:
+            # Armed for an earlier wait: this wait's bound is further ahead.
+            self._timer = self._loop.call_at(due, self._on_timer)
+            self._timer_at = due
+            return
+        error = self._due_error
+        if error is None:
+            waiter.set_exception(TimeoutError())
+        else:
+            cls, limit = error
+            waiter.set_exception(cls(f"timed out after {limit} s"))
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -541,18 +587,6 @@ class H1Body:
 
     async def aclose(self) -> None:
         self._conn.response_closed()
-
-
-def _passed(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
-
-
-def _time_out(
-    waiter: asyncio.Future[None], error: type[httpcore2.TimeoutException], timeout: float
-) -> None:
-    if not waiter.done():
-        waiter.set_exception(error(f"timed out after {timeout} s"))
 
 
 def _encode(
