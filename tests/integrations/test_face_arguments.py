@@ -22,6 +22,7 @@ from stallproof.anthropic import Anthropic, AsyncAnthropic
 from stallproof.openai import AsyncOpenAI, OpenAI
 
 from ..support.clients import KEY, chain
+from ..support.rawserver import always, response
 
 OK_URL = "http://127.0.0.1:9/v1"
 FACES: dict[str, Callable[..., Any]] = {
@@ -86,9 +87,7 @@ def test_a_bad_constructor_argument_is_typed_and_shows_no_secret(
         with pytest.raises(stallproof.InvalidRequestError, match=match) as e:
             FACES[face](**arguments)
     assert len(str(e.value)) < 500
-    for error in chain(e.value):
-        assert isinstance(error, stallproof.InvalidRequestError), type(error)
-        assert KEY not in str(error) and KEY not in repr(error.args)
+    assert_clean(e.value)
 
 
 @pytest.mark.parametrize("face", ["AsyncOpenAI", "OpenAI", "AsyncAnthropic", "Anthropic"])
@@ -137,3 +136,67 @@ def test_a_copy_with_a_bad_base_url_is_refused(face: str) -> None:
     finally:
         if face in ("OpenAI", "Anthropic"):
             client.close()
+
+
+CALL_BAD: dict[str, tuple[dict[str, Any], str]] = {
+    "header CRLF": ({"extra_headers": {"x-a": f"v\r\nx-b: {KEY}"}}, "extra_headers: header 'x-a'"),
+    "header non-ASCII": ({"extra_headers": {"x-a": f"é{KEY}"}}, "outside ASCII"),
+    "header int": ({"extra_headers": {"x-a": 5}}, "'x-a' must have a str value"),
+    "header name": ({"extra_headers": {"x a": "v"}}, "x a"),
+    "header name non-ASCII": ({"extra_headers": {"x-é": "v"}}, "non-empty ASCII"),
+    "query too long": ({"extra_query": {"q": "a" * 100_000}}, "InvalidURL"),
+}
+
+
+def create(client: Any, **kwargs: Any) -> Any:
+    """One call as a caller makes it (a coroutine on an async face)."""
+    if isinstance(client, (AsyncAnthropic, Anthropic)):
+        return client.messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}], **kwargs
+        )
+    return client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], **kwargs
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("face", ["AsyncOpenAI", "AsyncAnthropic"])
+@pytest.mark.parametrize(("kwargs", "match"), list(CALL_BAD.values()), ids=list(CALL_BAD))
+async def test_a_bad_argument_of_one_call_is_typed_and_nothing_is_sent(
+    face: str, kwargs: dict[str, Any], match: str, raw_server: Any
+) -> None:
+    """Per call, ``extra_headers`` and ``extra_query`` the SDK cannot send are an
+    `InvalidRequestError` naming them (not the SDK's APIConnectionError over ours, nor a
+    raw TypeError or InvalidURL from inside it), before anything is sent."""
+    srv = raw_server(always(response(500, b"")))
+    client = FACES[face](base_url=srv.url, api_key=KEY, max_retries=0)
+    try:
+        with pytest.raises(stallproof.InvalidRequestError, match=match) as e:
+            await create(client, **kwargs)
+    finally:
+        await client.close()
+    assert_clean(e.value)
+    assert srv.requests == []
+
+
+@pytest.mark.parametrize("face", ["OpenAI", "Anthropic"])
+@pytest.mark.parametrize(("kwargs", "match"), list(CALL_BAD.values()), ids=list(CALL_BAD))
+def test_a_bad_argument_of_one_sync_call_is_typed_and_nothing_is_sent(
+    face: str, kwargs: dict[str, Any], match: str, raw_server: Any
+) -> None:
+    srv = raw_server(always(response(500, b"")))
+    client = FACES[face](base_url=srv.url, api_key=KEY, max_retries=0)
+    try:
+        with pytest.raises(stallproof.InvalidRequestError, match=match) as e:
+            create(client, **kwargs)
+    finally:
+        client.close()
+    assert_clean(e.value)
+    assert srv.requests == []
+
+
+def assert_clean(error: BaseException) -> None:
+    """Ours all the way down its chain, and no key anywhere in it."""
+    for e in chain(error):
+        assert isinstance(e, stallproof.InvalidRequestError), type(e)
+        assert KEY not in str(e) and KEY not in repr(e.args)

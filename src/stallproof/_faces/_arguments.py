@@ -18,7 +18,7 @@ from .. import _exceptions as exc
 from .._base_url import check_base_url
 from .._redact import header_problem
 
-__all__ = ["check_sdk_arguments"]
+__all__ = ["check_call_options", "check_sdk_arguments", "unbuildable"]
 
 
 def _omitted(value: object) -> bool:
@@ -55,40 +55,64 @@ def check_sdk_arguments(
             _check_value(key, value)
         elif value is not None and not callable(value):  # openai takes a key provider
             raise exc.InvalidRequestError(f"{key} must be a str, got {type(value).__name__}")
-    headers = kwargs.get("default_headers")
-    if headers is not None:
-        if not isinstance(headers, Mapping):
-            kind = type(headers).__name__
-            raise exc.InvalidRequestError(f"default_headers must be a mapping, got {kind}")
-        for header, value in headers.items():
-            _check_header(header, value)
-    query = kwargs.get("default_query")
-    if query is not None and not isinstance(query, Mapping):
-        kind = type(query).__name__
-        raise exc.InvalidRequestError(f"default_query must be a mapping, got {kind}")
+    _check_headers("default_headers", kwargs.get("default_headers"))
+    _check_query("default_query", kwargs.get("default_query"))
 
 
-def _check_header(name: object, value: object) -> None:
+def check_call_options(options: Any) -> None:
+    """Check what one call adds (the SDK's ``FinalRequestOptions``): ``extra_headers``
+    and ``extra_query``, as the constructor's defaults are checked."""
+    _check_headers("extra_headers", getattr(options, "headers", None))
+    _check_query("extra_query", getattr(options, "params", None))
+
+
+def unbuildable(sdk: str, error: BaseException) -> exc.InvalidRequestError:
+    """The error for arguments the SDK could not build a request from (a ``TypeError``,
+    ``ValueError`` or ``InvalidURL`` from inside it): typed, and quoting no value (only an
+    ``InvalidURL``'s message, which names the part of the URL)."""
+    detail = type(error).__name__
+    if type(error).__name__ == "InvalidURL":
+        detail += f": {str(error)[:200]}"
+    return exc.InvalidRequestError(
+        f"the {sdk} SDK could not build the request from the arguments given ({detail}; "
+        "any value it quoted is not shown)"
+    )
+
+
+def _check_headers(where: str, headers: object) -> None:
+    if headers is None or _omitted(headers):
+        return
+    if not isinstance(headers, Mapping):
+        raise exc.InvalidRequestError(f"{where} must be a mapping, got {type(headers).__name__}")
+    for header, value in headers.items():
+        _check_header(where, header, value)
+
+
+def _check_query(where: str, query: object) -> None:
+    if query is not None and not _omitted(query) and not isinstance(query, Mapping):
+        raise exc.InvalidRequestError(f"{where} must be a mapping, got {type(query).__name__}")
+
+
+def _check_header(where: str, name: object, value: object) -> None:
     if not isinstance(name, str) or not name.isascii() or not name:
         shown = name[:60] if isinstance(name, str) else type(name).__name__
         raise exc.InvalidRequestError(
-            f"default_headers: a header name must be a non-empty ASCII str, got {shown!r}"
+            f"{where}: a header name must be a non-empty ASCII str, got {shown!r}"
         )
     if _omitted(value):  # the SDK's "leave this header out"
         return
     if not isinstance(value, str):
         raise exc.InvalidRequestError(
-            f"default_headers: header {name.lower()!r} must have a str value, "
-            f"got {type(value).__name__}"
+            f"{where}: header {name.lower()!r} must have a str value, got {type(value).__name__}"
         )
     if not value.isascii():
         raise exc.InvalidRequestError(
-            f"default_headers: header {name.lower()!r} has a character outside ASCII, which "
+            f"{where}: header {name.lower()!r} has a character outside ASCII, which "
             "HTTP headers cannot carry (value not shown)"
         )
     problem = header_problem(name.encode("ascii"), value.encode("ascii"))
     if problem is not None:
-        raise exc.InvalidRequestError(f"default_headers: {problem}")
+        raise exc.InvalidRequestError(f"{where}: {problem}")
 
 
 def _check_value(key: str, value: str) -> None:
