@@ -23,7 +23,7 @@ import httpx2
 from ._exceptions import InvalidRequestError
 from ._redact import safe_url
 
-__all__ = ["check_base_url"]
+__all__ = ["check_base_url", "is_host_name"]
 
 # httpx's own limit on a URL's length (``httpx._urlparse.MAX_URL_LENGTH``), checked first
 # so that a huge value costs nothing more.
@@ -81,6 +81,12 @@ def check_base_url(value: object, name: str = "base_url") -> httpx.URL:
         raise InvalidRequestError(f"{name} must be an absolute http(s) URL, got {shown!r}")
     if url.port is not None and not 0 < url.port < 65536:
         raise InvalidRequestError(f"{name} port {url.port} is out of range (1-65535)")
-    if any(c in url.host for c in "% ") or not url.host.isprintable():
+    if not is_host_name(url.host):
         raise InvalidRequestError(f"{name} host {url.host!r} is not a host name")
     return url
+
+
+def is_host_name(host: str) -> bool:
+    """Whether ``host`` (an httpx URL's ``host``: decoded IDNA, IPv6 without brackets) could
+    be a host: httpx percent-encodes a space into it, and no resolver answers for that."""
+    return bool(host) and host.isprintable() and not any(c in host for c in "% ")

@@ -102,6 +102,22 @@ def test_a_bad_base_url_in_the_environment_is_named(
     assert KEY not in str(e.value)
 
 
+@pytest.mark.parametrize("face", list(FACES))
+@pytest.mark.parametrize(
+    "proxy", ["http://h:99999", "http://[::1", "socks9://h:1", "http://bad host:8"]
+)
+def test_a_bad_proxy_in_the_environment_is_named(
+    face: str, proxy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every face reads the proxy variables (through its engine) as `Client` does: one that
+    cannot be used is refused when the client is built, by the variable's name."""
+    monkeypatch.setenv("HTTPS_PROXY", proxy.replace("://", f"://user:{KEY}@"))
+    monkeypatch.setenv("NO_PROXY", "")
+    with pytest.raises(stallproof.InvalidRequestError, match="HTTPS_PROXY from the env") as e:
+        FACES[face](base_url=OK_URL, api_key="k")
+    assert_clean(e.value)
+
+
 @pytest.mark.parametrize("face", ["AsyncOpenAI", "OpenAI", "AsyncAnthropic", "Anthropic"])
 def test_a_bad_key_in_the_environment_is_named(face: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A key read from the environment with its trailing newline is refused by the variable's
