@@ -556,6 +556,7 @@ async def test_a_thousand_callers_of_hung_names_hold_one_thread_per_name() -> No
         dns.close()
 
 
+@pytest.mark.slow
 async def test_hung_lookups_stay_bounded_and_end_when_the_resolver_returns() -> None:
     """40 names whose lookups hang for 1.5 s, asked one every 10 ms with each caller giving
     up after 0.2 s, on a `Network` with 4 lookup slots and 6 for abandoned lookups: never
