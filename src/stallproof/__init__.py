@@ -70,6 +70,7 @@ module              what is in it
 `_exceptions`       the one exception tree
 `_validate`         the validation rules and message shape every config shares
 `_redact`           keeping secrets out of messages, reprs, logs, spans and chains
+`_base_url`         `check_base_url`: the one rule for a base URL (no credentials, no query)
 `_version`          the version, written once
 =================== =====================================================================
 """

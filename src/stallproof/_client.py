@@ -44,7 +44,8 @@ class Client:
 
     Args:
         base_url: e.g. ``"http://127.0.0.1:8000/v1"``. Defaults to ``$OPENAI_BASE_URL``,
-            then OpenAI's URL.
+            then OpenAI's URL. Credentials (``user:password@``) and a query are refused
+            (`InvalidRequestError`): pass them as ``api_key`` and ``default_query``.
         api_key: sent as ``Authorization: Bearer ...``. Defaults to ``$OPENAI_API_KEY``;
             with neither, no Authorization header is sent (local servers often need none).
             The key never appears in a repr, a log line or an exception.

@@ -15,11 +15,12 @@ import httpx
 from openai import NOT_GIVEN
 
 from . import _exceptions as exc
+from ._base_url import check_base_url
 from ._config import UNSET, Timeouts
 from ._engine import CallOptions, Outgoing
 from ._faces._compat import retry_from, timeouts_from
 from ._policies import Retry
-from ._redact import safe_url
+from ._redact import header_problem
 from ._request import encode_json, is_omitted
 from ._version import __version__
 
@@ -97,21 +98,8 @@ class Settings:
             raise exc.InvalidRequestError(
                 "api_key has surrounding whitespace or a control character (value not shown)"
             )
-        try:
-            url = httpx.URL(str(base_url))
-        except httpx.InvalidURL as e:
-            raise exc.InvalidRequestError(f"invalid base_url: {e}") from None
-        if url.scheme not in ("http", "https") or not url.host:
-            raise exc.InvalidRequestError(
-                f"base_url must be an absolute http(s) URL, got {safe_url(base_url)!r}"
-            )
-        if url.port is not None and not 0 < url.port < 65536:
-            raise exc.InvalidRequestError(f"base_url port {url.port} is out of range (1-65535)")
+        url = check_base_url(base_url)
         url = url.copy_with(path=url.path.rstrip("/") + "/")
-        if url.userinfo:
-            # Never sent (requests carry the host alone): not kept either, so
-            # ``str(client.base_url)`` and anything that prints it hold no credential.
-            url = url.copy_with(username=None, password=None)
         timeouts = timeouts_from(timeout, Timeouts(), refuse_none=True)
         policy = retry_from(retry, max_retries)
         headers = {"user-agent": _USER_AGENT, "accept": "application/json"}
@@ -265,7 +253,11 @@ def _refuse_framing(name: object, where: str) -> None:
 def _encode_name(name: object) -> bytes:
     if not isinstance(name, str) or not name or not name.isascii():
         raise exc.InvalidRequestError(f"header name must be a non-empty ASCII str, got {name!r}")
-    return name.lower().encode("ascii")
+    encoded = name.lower().encode("ascii")
+    problem = header_problem(encoded, b"")
+    if problem is not None:
+        raise exc.InvalidRequestError(problem)
+    return encoded
 
 
 def _encode_value(name: str, value: object) -> bytes:

@@ -30,6 +30,7 @@ import httpx2
 
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
+from ._faces._arguments import check_sdk_arguments
 from ._faces._compat import http_library
 from ._faces._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
 from ._faces._sync_sdk import SyncFaceMixin
@@ -60,6 +61,11 @@ class _AnthropicFace(FaceMixin):
         _hardening: Hardening | None = None,
         **kwargs: Any,
     ) -> None:
+        check_sdk_arguments(
+            kwargs,
+            base_url_env="ANTHROPIC_BASE_URL",
+            secrets={"api_key": "ANTHROPIC_API_KEY", "auth_token": "ANTHROPIC_AUTH_TOKEN"},
+        )
         if _hardening is not None:  # a copy(): its parent's settings, already mapped
             self._stallproof = rebind(_hardening, http_client)
         else:
@@ -99,7 +105,9 @@ class AsyncAnthropic(_AnthropicFace, anthropic.AsyncAnthropic):
     ``retry`` or ``max_retries``, ``retry_budget``, ``breaker``, ``pacer``, ``limits``,
     ``engine``, ``http_client`` from `stallproof.http_client2()` or your own
     ``httpx2.AsyncClient``, kept, with the engine as its transport); every other argument is
-    ``anthropic.AsyncAnthropic``'s.
+    ``anthropic.AsyncAnthropic``'s, ``base_url``, ``api_key``, ``auth_token``,
+    ``default_headers`` and ``default_query`` checked first as `AsyncOpenAI` checks its own
+    (an `InvalidRequestError` that names the argument and never shows a secret).
     """
 
 

@@ -38,6 +38,7 @@ import openai
 
 from ._config import UNSET, Limits, Timeouts, Unset
 from ._engine import Engine
+from ._faces._arguments import check_sdk_arguments
 from ._faces._compat import http_library
 from ._faces._sdk import FaceMixin, Hardening, TranslatingDecoder, harden, rebind
 from ._faces._sync_sdk import SyncFaceMixin
@@ -72,6 +73,9 @@ class _OpenAIFace(FaceMixin):
         _hardening: Hardening | None = None,
         **kwargs: Any,
     ) -> None:
+        check_sdk_arguments(
+            kwargs, base_url_env="OPENAI_BASE_URL", secrets={"api_key": "OPENAI_API_KEY"}
+        )
         if _hardening is not None:  # a copy(): its parent's settings, already mapped
             self._stallproof = rebind(_hardening, http_client)
         else:
@@ -129,7 +133,10 @@ class AsyncOpenAI(_OpenAIFace, openai.AsyncOpenAI):
 
     Raises:
         InvalidRequestError: a bad setting, or an ``http_client`` that is not an httpx2 or
-            httpx client.
+            httpx client; a bad SDK argument, checked before the SDK sees it
+            (`stallproof._faces._arguments`): a ``base_url`` that is not an absolute
+            http(s) URL or holds credentials or a query, an ``api_key`` or a
+            ``default_headers`` value HTTP cannot carry (named, never shown).
     """
 
 

@@ -36,7 +36,9 @@ def test_a_redis_url_that_does_not_parse(url: str) -> None:
     assert "SECRET" not in str(e.value)
 
 
-@pytest.mark.parametrize("proxy", ["http://h:99999", "http://[::1", "socks9://h:1"])
+@pytest.mark.parametrize(
+    "proxy", ["http://h:99999", "http://[::1", "socks9://h:1", "http://bad host:8"]
+)
 def test_a_proxy_url_that_cannot_be_used(proxy: str) -> None:
     with pytest.raises(stallproof.InvalidRequestError):
         stallproof.Client(base_url="http://127.0.0.1:9/v1", api_key="k", proxy=proxy)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import logging
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -23,26 +22,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import stallproof
 
-from ..support.clients import KEY, MakeClient
+from ..support.clients import KEY, MakeClient, chain
 from ..support.rawserver import always, response
 
 pytestmark = pytest.mark.anyio
 
 MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
-
-
-def chain(error: BaseException) -> Iterator[BaseException]:
-    """``error`` and every exception reachable through __cause__ and __context__."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [error]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [e.__cause__, e.__context__]
 
 
 def assert_no_key(error: BaseException) -> None:
@@ -131,17 +117,28 @@ async def test_a_bad_extra_header_on_client_is_refused_by_name(
     assert KEY not in logs.text
 
 
-async def test_userinfo_in_base_url_shows_nowhere(
+def test_userinfo_in_base_url_is_refused_and_shows_nowhere(logs: pytest.LogCaptureFixture) -> None:
+    """Credentials in a base_url were dropped silently (never sent): now refused, by name,
+    with the URL shown without them (every face: tests/integrations/test_face_arguments.py).
+    """
+    with pytest.raises(stallproof.InvalidRequestError, match="credentials") as e:
+        stallproof.Client(base_url=f"http://user:{KEY}@127.0.0.1:9/v1")
+    assert "http://127.0.0.1:9/v1" in str(e.value)
+    assert_no_key(e.value)
+    assert KEY not in logs.text
+
+
+async def test_nothing_a_call_shows_holds_the_key(
     raw_server: Any, make_client: MakeClient, logs: pytest.LogCaptureFixture
 ) -> None:
     srv = raw_server(always(response(503, b'{"error": {"message": "down"}}')))
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    url = srv.url.replace("http://", f"http://user:{KEY}@")
-    client = make_client(url, tracer_provider=provider, breaker=stallproof.Breaker())
+    client = make_client(
+        srv.url, api_key=KEY, tracer_provider=provider, breaker=stallproof.Breaker()
+    )
     assert KEY not in repr(client) and KEY not in str(client.base_url)
-    assert KEY not in repr(client.with_options(timeout=5).base_url)
     with pytest.raises(stallproof.InternalServerError) as e:
         await client.chat.completions.create(model="m", messages=MSGS)
     assert_no_key(e.value)

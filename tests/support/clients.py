@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import httpx
@@ -22,6 +23,21 @@ class MakeClient(Protocol):
 
 # A fake API key; tests assert it never shows up in reprs, errors, logs or spans.
 KEY = "sk-test-SECRET-0123456789"
+
+
+def chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and every exception reachable through __cause__ and __context__ (a
+    suppressed context included)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__]
+
 
 # The installed openai's major: 3 runs on httpx2, 1 and 2 on plain httpx (`make test` runs
 # on openai 3, `make test-openai2` on openai 2). Read from its version, not from stallproof.

@@ -21,6 +21,8 @@ module            what is in it
                   `sync_http_client2()`
 `_engine_loop`    `EngineLoop`: the process's one event loop in a daemon thread that
                   sync calls hand work to (context, cancellation, exit, fork)
+`_arguments`      the SDK constructor's own arguments (``base_url``, keys, default
+                  headers and query) checked before the SDK sees them
 `_sdk`            what the SDK faces share: `harden` (the engine under an SDK
                   client), `FaceMixin`, `TranslatingDecoder` (mid-stream errors as
                   the SDK's own classes)

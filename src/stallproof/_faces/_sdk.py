@@ -42,6 +42,7 @@ from .._engine import CallOptions, Engine
 from .._inflight import InflightCall
 from .._pacer import PacerState
 from .._policies import Retry
+from ._arguments import check_call_options, unbuildable
 from ._compat import http_library, phase_timeout, retry_from, timeouts_from
 from ._own_client import adopt
 from ._streams import without_cycle
@@ -208,12 +209,20 @@ class FaceMixin:
         return self._stallproof.engine.circuits()
 
     def _build_request(self, options: Any, *, retries_taken: int = 0) -> Any:
+        check_call_options(options)
+        failure: BaseException | None = None
         try:
             request = super()._build_request(  # type: ignore[misc]
                 options, retries_taken=retries_taken
             )
         except UnicodeEncodeError:
             request = None  # raised below, outside the handler: the codec quotes the value
+        except (TypeError, ValueError, httpx.InvalidURL, httpx2.InvalidURL) as e:
+            # Bad arguments the SDK met building the request (nothing is sent yet); its
+            # message may quote a value: typed, below, outside the handler.
+            request, failure = None, e
+        if failure is not None:
+            raise unbuildable(type(self).__module__.rpartition(".")[2], failure)
         if request is None:
             raise unsendable_header(self, options)
         request.extensions["stallproof"] = self._stallproof.call_options(

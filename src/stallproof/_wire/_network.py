@@ -6,12 +6,14 @@ httpcore2's anyio backend, with two holes closed:
   asyncio runs in the loop's default executor (``min(32, cpus + 4)`` threads: 6 on a 2-core
   box). A dozen lookups that hang on an unresponsive resolver fill it: every later call by
   name waits behind them, and ``asyncio.run`` waits for them at shutdown. Here each lookup
-  runs ``getaddrinfo`` in a daemon thread of its own, counted on a `anyio.CapacityLimiter`
-  (``max_lookups``) that belongs to this backend. A caller waits for its answer only inside
-  its connect bound; a lookup that never returns keeps its token (so hung lookups stay
-  bounded in number) but holds up nobody and nothing at shutdown. Concurrent lookups of the
-  same name share one thread. Connections then go to the resolved addresses, which anyio
-  connects without resolving again, staggered as anyio does for a name (happy eyeballs).
+  runs ``getaddrinfo`` in a daemon thread of its own, and concurrent lookups of one name
+  share that thread. A caller waits for its answer only inside its connect bound; when
+  every caller of a lookup has given up, its slot (``max_lookups``) is free for the next
+  name at once and the lookup counts as *abandoned* (``max_abandoned``) until the resolver
+  returns: hung names cannot starve calls to healthy ones, lookup threads stay bounded
+  (``max_lookups + max_abandoned``), and none holds up shutdown. Connections then go to
+  the resolved addresses, which anyio connects without resolving again, staggered as
+  anyio does for a name (happy eyeballs).
 - **TLS.** httpcore's ``start_tls`` closes the TCP stream only when the handshake raises an
   ``Exception``; a cancellation (a deadline) left the socket open until the garbage
   collector found it. Here any exit but success closes it at once (``aclose_forcefully``).
@@ -37,7 +39,7 @@ import anyio.lowlevel
 import httpcore2
 from httpcore2._backends.anyio import AnyIOStream
 
-from .._exceptions import InvalidRequestError
+from .._validate import check_int, invalid
 
 __all__ = ["Network", "Resolver", "system_resolver"]
 
@@ -73,13 +75,13 @@ def _connect_errors(timeout: float | None) -> Iterator[None]:
 
 
 class _Lookup:
-    """One lookup in flight: its answer, and the event its waiters wait on."""
+    """One lookup in flight: its answer, the event its waiters wait on, and how many wait."""
 
-    __slots__ = ("abandoned", "addresses", "done", "error")
+    __slots__ = ("addresses", "done", "error", "waiters")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
-        self.abandoned = False
+        self.waiters = 0
         self.addresses: Sequence[tuple[int, str]] = ()
         self.error: BaseException | None = None
 
@@ -149,24 +151,56 @@ async def _connect_first(
 class Network(httpcore2.AsyncNetworkBackend):
     """The pool's network backend: bounded DNS in its own threads, leak-free TLS.
 
+    A lookup is *waited on* while a call waits for its answer, and *abandoned* once every
+    call waiting for it has given up (its connect bound or a cancellation) while its thread
+    still runs. The two are counted apart, so lookups that hang cannot take the slots of
+    calls to healthy names: a call that gives up frees its slot at once, and its lookup
+    moves to the abandoned count until the resolver returns.
+
     Args:
-        max_lookups: name lookups running at once, hung ones included (default 32). A
-            lookup past that waits for a token, inside its call's connect bound.
+        max_lookups: lookups waited on at once (default 32). A call whose name needs a new
+            lookup past that waits for a slot, inside its connect bound.
+        max_abandoned: abandoned lookups whose threads may still run (default 256). Past
+            that, new lookups wait (inside their connect bound) until one returns, so
+            lookup threads never number more than ``max_lookups + max_abandoned``. 0: an
+            abandoned lookup keeps its slot until it returns.
         resolver: the blocking lookup function (default `system_resolver`).
     """
 
-    def __init__(self, *, max_lookups: int = 32, resolver: Resolver | None = None) -> None:
-        if isinstance(max_lookups, bool) or not isinstance(max_lookups, int) or max_lookups < 1:
-            raise InvalidRequestError(f"max_lookups must be a positive int, got {max_lookups!r}")
+    def __init__(
+        self,
+        *,
+        max_lookups: int = 32,
+        max_abandoned: int = 256,
+        resolver: Resolver | None = None,
+    ) -> None:
+        check_int("Network.max_lookups", max_lookups)
+        check_int("Network.max_abandoned", max_abandoned, minimum=0)
+        if resolver is not None and not callable(resolver):
+            raise invalid("Network.resolver", "None or a callable", type(resolver).__name__)
         self.max_lookups = max_lookups
+        self.max_abandoned = max_abandoned
         self._resolver: Resolver = resolver if resolver is not None else system_resolver
-        self._limiter: anyio.CapacityLimiter | None = None
+        # Every lookup whose thread has not returned, waited on or abandoned.
         self._lookups: dict[tuple[str, int], _Lookup] = {}
+        self._waited = 0
+        self._abandoned = 0
+        self._freed: anyio.Event | None = None  # set (and dropped) when a slot frees
 
     @property
     def lookups_running(self) -> int:
         """Lookup threads that have not returned yet (hung ones included)."""
-        return self._limiter.borrowed_tokens if self._limiter is not None else 0
+        return self._waited + self._abandoned
+
+    @property
+    def lookups_waiting(self) -> int:
+        """Lookups that a call is waiting for."""
+        return self._waited
+
+    @property
+    def lookups_abandoned(self) -> int:
+        """Lookups whose callers all gave up, their threads still running."""
+        return self._abandoned
 
     async def resolve(self, host: str, port: int) -> Sequence[tuple[int, str]]:
         """The addresses of ``host``: an IP literal as is, a name through the resolver."""
@@ -177,40 +211,64 @@ class Network(httpcore2.AsyncNetworkBackend):
         else:
             family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
             return [(int(family), ip.compressed)]
-        key = (host, port)
-        while True:
-            lookup = self._lookups.get(key)
-            if lookup is None:
-                lookup = self._lookups[key] = _Lookup()
-                try:
-                    await self._start(key, lookup)
-                except BaseException:
-                    # Cancelled waiting for a token: whoever joined meanwhile starts anew.
-                    del self._lookups[key]
-                    lookup.abandoned = True
-                    lookup.done.set()
-                    raise
+        lookup = await self._join((host, port))
+        try:
             await lookup.done.wait()
-            if not lookup.abandoned:
-                break
+        finally:
+            self._leave(lookup)
         if lookup.error is not None:
             raise lookup.error
         if not lookup.addresses:
             raise OSError(f"no address found for {host!r}")
         return lookup.addresses
 
-    async def _start(self, key: tuple[str, int], lookup: _Lookup) -> None:
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(self.max_lookups)
-        limiter = self._limiter
-        await limiter.acquire_on_behalf_of(lookup)
+    async def _join(self, key: tuple[str, int]) -> _Lookup:
+        """The lookup of ``key`` this call waits on: the one running (one thread per name),
+        or a new one once a slot is free."""
+        while True:
+            lookup = self._lookups.get(key)
+            if lookup is not None:
+                if lookup.waiters == 0:  # abandoned, and wanted again
+                    self._abandoned -= 1
+                    self._waited += 1
+                lookup.waiters += 1
+                return lookup
+            if self._waited < self.max_lookups and (
+                self._waited + self._abandoned < self.max_lookups + self.max_abandoned
+            ):
+                return self._start(key)
+            if self._freed is None:
+                self._freed = anyio.Event()
+            await self._freed.wait()
+
+    def _leave(self, lookup: _Lookup) -> None:
+        """A call stops waiting for ``lookup`` (answered, timed out or cancelled)."""
+        lookup.waiters -= 1
+        if lookup.waiters == 0 and not lookup.done.is_set():
+            self._waited -= 1
+            self._abandoned += 1
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._freed is not None:
+            self._freed.set()
+            self._freed = None
+
+    def _start(self, key: tuple[str, int], /) -> _Lookup:
+        """Start the lookup of ``key`` in a daemon thread; no await between the caller's
+        check of the counts and this."""
+        lookup = _Lookup()
+        lookup.waiters = 1
         token = anyio.lowlevel.current_token()
 
         def finish() -> None:  # on the event loop, when the thread returns
-            limiter.release_on_behalf_of(lookup)
-            if self._lookups.get(key) is lookup:
-                del self._lookups[key]
+            del self._lookups[key]
+            if lookup.waiters:
+                self._waited -= 1
+            else:
+                self._abandoned -= 1
             lookup.done.set()
+            self._wake()
 
         def work() -> None:  # in the lookup thread
             try:
@@ -224,9 +282,11 @@ class Network(httpcore2.AsyncNetworkBackend):
         thread = threading.Thread(target=work, name=f"stallproof DNS {key[0]}", daemon=True)
         try:
             thread.start()
-        except BaseException:
-            limiter.release_on_behalf_of(lookup)
-            raise
+        except RuntimeError as e:  # "can't start new thread": the process is out of them
+            raise OSError(f"cannot start a lookup thread: {e}") from e
+        self._lookups[key] = lookup
+        self._waited += 1
+        return lookup
 
     async def connect_tcp(
         self,

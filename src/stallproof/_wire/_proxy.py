@@ -33,6 +33,7 @@ import httpx
 from httpcore2._async.http_proxy import AsyncForwardHTTPConnection, AsyncTunnelHTTPConnection
 from httpx._utils import URLPattern, get_environment_proxies
 
+from .._base_url import is_host_name
 from .._exceptions import InvalidRequestError
 from .._redact import safe_url
 from ._tls import shared_ssl_context
@@ -66,6 +67,8 @@ class ProxyRoute:
         url = proxy.url
         if not url.host:
             raise InvalidRequestError(f"proxy URL has no host: {safe_url(url)}")
+        if not is_host_name(url.host):
+            raise InvalidRequestError(f"proxy URL host {url.host!r} is not a host name")
         port = url.port if url.port is not None else _DEFAULT_PORTS[url.scheme]
         if not 0 < port < 65536:  # httpx takes any number; the connect would fail untyped
             raise InvalidRequestError(f"proxy URL port {port} is out of range (1-65535)")
