@@ -3,10 +3,9 @@
 A base URL is an absolute http(s) URL with a host and a port in range, and nothing else:
 
 - **no credentials** (``https://user:KEY@host/v1``): refused, not sent and not dropped
-  silently. The native client used to drop them (the call then failed with a 401 that did
-  not say why) while the SDKs' httpx turned them into ``Authorization: Basic``, replacing
-  the API key. Pass the key as ``api_key=``, or a ``Basic`` ``Authorization`` header in
-  ``default_headers=``;
+  silently. The native client used to drop them, while the plain SDKs send them as
+  ``Authorization: Basic`` in place of the API key. Pass the key as ``api_key=``, or a
+  ``Basic`` ``Authorization`` header in ``default_headers=``;
 - **no query or fragment** (``?api-key=KEY``): requests are made by joining a path to the
   base URL, which drops its query (``Client``) or glues the path after it (the SDKs): the
   query never reached the server as written. Query parameters go in ``default_query=``.

@@ -11,10 +11,13 @@ server as written (see `stallproof._base_url`).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 
 import stallproof
@@ -166,7 +169,7 @@ CALL_BAD: dict[str, tuple[dict[str, Any], str]] = {
 
 def create(client: Any, **kwargs: Any) -> Any:
     """One call as a caller makes it (a coroutine on an async face)."""
-    if isinstance(client, (AsyncAnthropic, Anthropic)):
+    if not hasattr(client, "chat"):  # anthropic's
         return client.messages.create(
             model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}], **kwargs
         )
@@ -216,3 +219,30 @@ def assert_clean(error: BaseException) -> None:
     for e in chain(error):
         assert isinstance(e, stallproof.InvalidRequestError), type(e)
         assert KEY not in str(e) and KEY not in repr(e.args)
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+def test_why_plain_sdks_mangle_credentials_and_a_query_in_base_url(
+    sdk: str, raw_server: Any
+) -> None:
+    """What the faces refuse, the plain SDKs send wrong: credentials in ``base_url`` become
+    ``Authorization: Basic`` in place of the API key, and the request path is glued after
+    a query (openai: ``/v1/?api-key=Kchat/completions``): the reason for the rule
+    (docs/errors.md)."""
+
+    srv = raw_server(always(response(200, b"{}")))
+    origin = srv.url.removesuffix("/v1")
+    targets = []
+    for base in (origin.replace("://", "://user:pw@") + "/v1", f"{origin}/v1?api-key=K"):
+        if sdk == "openai":
+            client: Any = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0)
+        else:
+            client = anthropic.Anthropic(base_url=base, api_key=KEY, max_retries=0)
+        with contextlib.suppress(Exception), client:
+            create(client)
+        targets.append(srv.requests[-1])
+    assert targets[0].headers["authorization"].startswith("Basic ")
+    assert KEY not in targets[0].raw.decode("latin-1")  # the API key was not sent
+    # The path after the query: the server sees no such path, and a query ending in it.
+    path, _, query = targets[1].target.partition("?")
+    assert path.rstrip("/") == "/v1" and query.startswith("api-key=K") and query != "api-key=K"
