@@ -408,6 +408,49 @@ async def test_a_shared_pacer_and_breaker_admit_a_call_in_one_round_trip(
     assert pacer_state(client).in_use == 0
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_release_redis_missed_is_sent_again_when_it_is_back(
+    fault_server: Any,
+    fault_key: str,
+    own_redis: RedisServer,
+    redis_prefix: str,
+    make_client: MakeClient,
+    anyio_backend: str,
+) -> None:
+    # A call ends while Redis is stalled: its release gets no answer. It is kept, not
+    # dropped, and goes out when Redis is tried again (retry_interval later): the lease
+    # is back long before it would expire by itself (the call's 30 s total).
+    shared = stallproof.RedisState(
+        own_redis.url, prefix=redis_prefix, op_timeout=0.2, retry_interval=0.5
+    )
+    reader = InMemoryMetricReader()
+    client = make_client(
+        fault_server.url("healthy", delay=0.5, key=fault_key),
+        timeout=30.0,
+        pacer=stallproof.Pacer(max_concurrent=4, shared=shared),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    leases = f"{{{redis_prefix}}}:pacer:leases"
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: client.chat.completions.create(model="m", messages=MSGS))
+        await _until_requests(fault_server, fault_key, 1)
+        assert _redis_count(own_redis.url, "ZCARD", leases) == 1
+        own_redis.pause()
+    try:
+        with anyio.fail_after(5):  # the release waits op_timeout for an answer, in vain
+            while pacer_state(client).shared == "redis":
+                await settled(client)
+    finally:
+        own_redis.resume()
+    with anyio.fail_after(5):  # Redis's state: there is no event to wait on
+        while _redis_count(own_redis.url, "ZCARD", leases) != 0:  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    await settled(client)
+    assert _metric(reader, "stallproof.shared.dropped") == {}
+    assert pacer_state(client).shared == "redis"
+
+
 # -- Redis trouble -------------------------------------------------------------------------
 
 
