@@ -5,9 +5,11 @@
    ``shared=RedisState(...)`` on a redis-server on loopback, in interleaved rounds. Each
    admission is what a call does before it is sent: ``PacerRuntime.acquire`` then
    ``Circuit.admit``, and after it ``release``/``success`` (which send their Redis updates
-   in the background). Reported: median and p99 per admission, and shared minus local; and,
-   as the floor, one redis-py PING round trip on the same machine (two round trips, the
-   pacer's and the breaker's, are the least a shared admission can cost).
+   in the background). ``shared`` is what the engine does: the pacer's grant brings the
+   breaker's verdict, one round trip (``FLEET_ADMIT``); ``shared-2rt`` asks them in turn,
+   two round trips (as before). Reported: median and p99 per admission, and what the fleet
+   adds over local state at each; and, as the floor, one redis-py PING round trip on the
+   same machine.
 2. **Fleet accuracy.** ``--workers`` processes each call a healthy fault server as fast as
    they can for ``--seconds``, all with ``Pacer(requests_per_minute=--rpm)``: once with
    local pacers, once sharing one through Redis. Reported: calls the server received vs the
@@ -79,7 +81,9 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
-async def _admissions(pacer: stallproof.Pacer, breaker: stallproof.Breaker, n: int) -> list[float]:
+async def _admissions(
+    pacer: stallproof.Pacer, breaker: stallproof.Breaker, n: int, *, one_trip: bool
+) -> list[float]:
     stores = Stores()  # as a client does: one connection pool for the pacer and the breaker
     pacing = PacerRuntime(pacer, stores=stores)
     circuits = BreakerRegistry(breaker, stores=stores)
@@ -90,8 +94,13 @@ async def _admissions(pacer: stallproof.Pacer, breaker: stallproof.Breaker, n: i
         for i in range(WARMUP + n):
             start = time.perf_counter()
             deadline = loop.time() + 10
-            permit = await pacing.acquire(agent="a", estimated_tokens=10, deadline=deadline)
-            ticket = await circuit.admit(deadline=deadline)
+            permit = await pacing.acquire(
+                agent="a",
+                estimated_tokens=10,
+                deadline=deadline,
+                breaker=circuit.fleet if one_trip else None,
+            )
+            ticket = await circuit.admit(deadline=deadline, verdict=permit.fleet_verdict)
             ticket.success()
             permit.release(succeeded=True)
             if i >= WARMUP:
@@ -123,26 +132,34 @@ async def _pings(url: str, n: int) -> list[float]:
 
 
 async def overhead(url: str, n: int) -> None:
-    results: dict[str, list[float]] = {"local": [], "shared": [], "PING": []}
+    kinds = ["local", "shared", "shared-2rt"]
+    results: dict[str, list[float]] = {kind: [] for kind in [*kinds, "PING"]}
     per_round = max(1, n // ROUNDS)
     for i in range(ROUNDS):
         results["PING"] += await _pings(url, per_round)
-        order = ["local", "shared"] if i % 2 == 0 else ["shared", "local"]
-        for kind in order:
-            shared = stallproof.RedisState(url, prefix=f"bench-{i}") if kind == "shared" else None
+        for kind in kinds[i % 3 :] + kinds[: i % 3]:  # interleaved, each first in turn
+            shared = (
+                stallproof.RedisState(url, prefix=f"bench-{i}-{kind}") if kind != "local" else None
+            )
             # rpm high enough never to hold a call: this measures bookkeeping, not waiting.
             pacer = stallproof.Pacer(
                 max_concurrent=64, requests_per_minute=10_000_000, shared=shared
             )
             breaker = stallproof.Breaker(shared=shared)
-            results[kind] += await _admissions(pacer, breaker, per_round)
+            results[kind] += await _admissions(
+                pacer, breaker, per_round, one_trip=kind != "shared-2rt"
+            )
     print(f"admission overhead ({per_round * ROUNDS} admissions each, {ROUNDS} rounds)")
-    print(f"{'state':<8} {'median ms':>10} {'p99 ms':>8}")
+    print(f"{'state':<10} {'median ms':>10} {'p99 ms':>8}  {'over local: median':>18} {'p99':>8}")
+    local = results["local"]
     for kind, times in results.items():
-        print(f"{kind:<8} {statistics.median(times) * 1e3:>10.3f} {_p99(times) * 1e3:>8.3f}")
-    extra_med = statistics.median(results["shared"]) - statistics.median(results["local"])
-    extra_p99 = _p99(results["shared"]) - _p99(results["local"])
-    print(f"shared - local: median {extra_med * 1e3:+.3f} ms, p99 {extra_p99 * 1e3:+.3f} ms\n")
+        med, p99 = statistics.median(times), _p99(times)
+        extra = ""
+        if kind.startswith("shared"):
+            extra_med = (med - statistics.median(local)) * 1e3
+            extra = f"  {extra_med:>+15.3f} ms {(p99 - _p99(local)) * 1e3:>+8.3f} ms"
+        print(f"{kind:<10} {med * 1e3:>10.3f} {p99 * 1e3:>8.3f}{extra}")
+    print()
 
 
 async def worker(job: dict[str, Any]) -> None:

@@ -36,7 +36,7 @@ import anyio
 import pybreaker
 
 from . import _exceptions as exc
-from ._fleet import FleetBreaker, Health, Stores, now
+from ._fleet import FleetBreaker, FleetVerdict, Health, Stores, now
 from ._policies import Breaker
 
 __all__ = ["BreakerRegistry", "Circuit", "CircuitState", "Ticket"]
@@ -130,17 +130,25 @@ class Circuit:
         elif state == pybreaker.STATE_HALF_OPEN and self._probing:
             raise self._refuse(0.0)
 
-    async def admit(self, *, deadline: float) -> Ticket:
+    @property
+    def fleet(self) -> tuple[FleetBreaker, str] | None:
+        """This circuit on Redis (its fleet side and upstream), for an admission that
+        asks the pacer and the breaker in one round trip; None: not shared."""
+        return None if self._fleet is None else (self._fleet, self.upstream)
+
+    async def admit(self, *, deadline: float, verdict: FleetVerdict | None = None) -> Ticket:
         """Let an attempt through, or raise `CircuitOpen`.
 
         Without shared state: at once, no I/O. Shared: Redis decides, within its
         ``op_timeout`` and ``deadline``; when it does not answer in time this process's
         own state decides (``fail="open"``), or `SharedStateUnavailable` is raised
-        (``fail="closed"``).
+        (``fail="closed"``). ``verdict``: Redis's answer already in hand (it came with
+        the pacer's grant): no round trip.
         """
         fleet = self._fleet
         if fleet is not None:
-            verdict = await fleet.admit(self.upstream, deadline=deadline)
+            if verdict is None:
+                verdict = await fleet.admit(self.upstream, deadline=deadline)
             if verdict is not None:
                 self._fleet_seen(verdict.state, verdict.retry_in)
                 if verdict.verdict == "refuse":
@@ -207,6 +215,12 @@ class Circuit:
             return  # an attempt admitted before the circuit opened: no news
         with contextlib.suppress(_AttemptFailed):
             self._cb.call(_fail if failed else _succeed)
+
+    def unused(self, verdict: FleetVerdict) -> None:
+        """A verdict taken with the pacer's grant whose attempt never started: the
+        fleet's probe slot, if it was the probe, goes back."""
+        if verdict.verdict == "probe" and self._fleet is not None:
+            self._fleet.record(self.upstream, verdict.ticket_id, "release", None, self._fleet_seen)
 
     def _release(self, probe: bool, fleet_id: str | None = None) -> None:
         if probe and fleet_id is not None and self._fleet is not None:

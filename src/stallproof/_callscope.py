@@ -26,6 +26,7 @@ from ._progress import Outcome
 
 if TYPE_CHECKING:
     from ._breaker import Circuit, Ticket
+    from ._fleet import FleetVerdict
     from ._telemetry import CallTelemetry
 
 __all__ = ["CallScope"]
@@ -46,6 +47,7 @@ class CallScope:
         "_registry",
         "_state",
         "_ticket",
+        "_verdict",
         "call",
         "telemetry",
     )
@@ -59,6 +61,7 @@ class CallScope:
         self._permit: Permit | None = None
         self._ticket: Ticket | None = None
         self._circuit: Circuit | None = None
+        self._verdict: FleetVerdict | None = None  # the fleet breaker's, from the grant
         self._before = ""  # the circuit's state before the attempt's admission
         self._state = _State.OPEN
         call.telemetry = telemetry
@@ -70,14 +73,24 @@ class CallScope:
 
     # -- what the scope acquires along the way -------------------------------------------
 
-    async def pace(self, pacing: PacerRuntime, estimated_tokens: int) -> None:
-        """Wait for a pacer permit inside the call's deadline; the scope then holds it."""
+    async def pace(
+        self, pacing: PacerRuntime, estimated_tokens: int, circuit: Circuit | None = None
+    ) -> None:
+        """Wait for a pacer permit inside the call's deadline; the scope then holds it.
+        With a ``circuit`` shared on the same Redis, the fleet's grant also brings the
+        breaker's verdict for the first attempt (one round trip): `admit` uses it."""
         call = self.call
         call.set_phase("pacer queue")
         try:
             self._permit = await pacing.acquire(
-                agent=call.agent, estimated_tokens=estimated_tokens, deadline=call.total_deadline
+                agent=call.agent,
+                estimated_tokens=estimated_tokens,
+                deadline=call.total_deadline,
+                breaker=None if circuit is None else circuit.fleet,
             )
+            self._verdict = self._permit.fleet_verdict
+            if self._verdict is not None:
+                self._circuit = circuit  # to give its probe slot back if unused (`end`)
         except (exc.PacerTimeout, exc.SharedStateUnavailable) as e:
             e.stallproof_request_id = call.request_id
             raise
@@ -90,8 +103,11 @@ class CallScope:
         if circuit is not None:
             self._circuit = circuit
             self._before = circuit.state
+            verdict, self._verdict = self._verdict, None  # the first attempt's only
             try:
-                self._ticket = await circuit.admit(deadline=self.call.total_deadline)
+                self._ticket = await circuit.admit(
+                    deadline=self.call.total_deadline, verdict=verdict
+                )
             finally:
                 self.call.shared = circuit.shared_status() or self.call.shared
 
@@ -135,6 +151,9 @@ class CallScope:
         if self._ticket is not None:
             # An attempt was still open (the call ended mid-attempt): settle its ticket too.
             self.attempt_ended(error)
+        verdict, self._verdict = self._verdict, None
+        if verdict is not None and self._circuit is not None:
+            self._circuit.unused(verdict)  # ended before its first attempt
         telemetry = self.telemetry
         if error is not None:
             telemetry.failed(error)

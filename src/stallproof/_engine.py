@@ -295,7 +295,7 @@ class Engine:
             if call.remaining() <= 0:
                 raise call.timeout_error("total")
             if self._pacing is not None:
-                await scope.pace(self._pacing, _estimate(self._pacing.policy, meta))
+                await scope.pace(self._pacing, _estimate(self._pacing.policy, meta), circuit)
             incoming = await self._follow(out, scope, policy, circuit)
         except _StatusFailure as failure:
             # Out of attempts (or not retryable): the caller gets the response itself.

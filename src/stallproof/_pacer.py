@@ -46,7 +46,7 @@ import anyio.lowlevel
 
 from . import _exceptions as exc
 from ._exceptions import PacerTimeout
-from ._fleet import FleetLease, FleetPacer, Stores
+from ._fleet import FleetBreaker, FleetLease, FleetPacer, FleetVerdict, Stores
 from ._policies import Pacer
 from ._validate import invalid, is_int, is_number
 
@@ -174,6 +174,12 @@ class Permit:
     @property
     def released(self) -> bool:
         return self._released
+
+    @property
+    def fleet_verdict(self) -> FleetVerdict | None:
+        """The fleet breaker's verdict for the first attempt, when the fleet's grant
+        carried it (`PacerRuntime.acquire` with ``breaker``)."""
+        return None if self._fleet is None else self._fleet.verdict
 
     def release(
         self, *, used_tokens: int | None = None, overloaded: bool = False, succeeded: bool = False
@@ -306,7 +312,14 @@ class PacerRuntime:
         if self._fleet is not None:
             await self._fleet.store.aclose()
 
-    async def acquire(self, *, agent: str | None, estimated_tokens: int, deadline: float) -> Permit:
+    async def acquire(
+        self,
+        *,
+        agent: str | None,
+        estimated_tokens: int,
+        deadline: float,
+        breaker: tuple[FleetBreaker, str] | None = None,
+    ) -> Permit:
         """Wait for leave to send one call, at most until ``deadline``.
 
         Args:
@@ -314,6 +327,8 @@ class PacerRuntime:
             estimated_tokens: what the call counts against ``tokens_per_minute``
                 (`Pacer.estimate_tokens`); `Permit.release` corrects it.
             deadline: the call's total deadline, on `anyio.current_time`'s clock.
+            breaker: the call's fleet breaker and upstream: when it shares this pacer's
+                Redis, the fleet's grant brings its verdict too (`Permit.fleet_verdict`).
 
         Raises:
             PacerTimeout: the deadline passed in the queue; or, at once, the per-minute
@@ -358,7 +373,11 @@ class PacerRuntime:
         if self._fleet is not None:
             try:
                 permit._fleet = await self._fleet.acquire(
-                    agent=agent, tokens=estimated_tokens, deadline=deadline, arrived=waiter.arrived
+                    agent=agent,
+                    tokens=estimated_tokens,
+                    deadline=deadline,
+                    arrived=waiter.arrived,
+                    breaker=breaker,
                 )
             except BaseException:
                 permit._abandon()  # not sent: the local grant goes back as if never made

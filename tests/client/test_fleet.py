@@ -351,6 +351,106 @@ async def test_200_calls_in_flight_against_a_healthy_redis_never_fall_back_or_dr
     assert len(_requests(fault_server, fault_key)) == 200
 
 
+def _evalsha_calls(url: str) -> int:
+    """How many EVALSHA Redis has run (``INFO commandstats``): scripts, i.e. round trips."""
+    host, port = url.removeprefix("redis://").split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
+        data = b""
+        while not data.endswith(b"\r\n\r\n") and len(data) < 1_000_000:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    line = next((x for x in data.decode().splitlines() if x.startswith("cmdstat_evalsha:")), "")
+    return int(line.split("calls=")[1].split(",")[0]) if line else 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_shared_pacer_and_breaker_admit_a_call_in_one_round_trip(
+    fault_server: Any,
+    fault_key: str,
+    own_redis: RedisServer,
+    redis_prefix: str,
+    make_client: MakeClient,
+    anyio_backend: str,
+) -> None:
+    # One call: one script before it is sent (the pacer's grant and the breaker's verdict
+    # together), two after it in the background (release, outcome); two scripts in turn
+    # before it made four.
+    shared = healthy_state(own_redis.url, redis_prefix)
+    client = make_client(
+        fault_server.url("healthy", key=fault_key),
+        pacer=stallproof.Pacer(max_concurrent=4, shared=shared),
+        breaker=stallproof.Breaker(fail_max=1, reset_timeout=0.5, shared=shared),
+    )
+    await client.chat.completions.create(model="m", messages=MSGS)  # scripts loaded
+    await settled(client)
+    before = _evalsha_calls(own_redis.url)
+    await client.chat.completions.create(model="m", messages=MSGS)
+    await settled(client)
+    assert _evalsha_calls(own_redis.url) - before == 3
+    assert pacer_state(client).shared == "redis"
+    # The verdict that comes with the grant is the breaker's own: open, refused; after
+    # reset_timeout, this call is the fleet's one probe, and its success closes the circuit.
+    with pytest.raises(stallproof.InternalServerError):
+        await client.chat.completions.create(
+            model="m", messages=MSGS, extra_headers={"X-Fault": "status;code=500"}
+        )
+    await settled(client)
+    with pytest.raises(stallproof.CircuitOpen):
+        await client.chat.completions.create(model="m", messages=MSGS)
+    await anyio.sleep(0.6)
+    await client.chat.completions.create(model="m", messages=MSGS)
+    await settled(client)
+    assert [c.state for c in client.circuits().values()] == ["closed"]
+    assert pacer_state(client).in_use == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_release_redis_missed_is_sent_again_when_it_is_back(
+    fault_server: Any,
+    fault_key: str,
+    own_redis: RedisServer,
+    redis_prefix: str,
+    make_client: MakeClient,
+    anyio_backend: str,
+) -> None:
+    # A call ends while Redis is stalled: its release gets no answer. It is kept, not
+    # dropped, and goes out when Redis is tried again (retry_interval later): the lease
+    # is back long before it would expire by itself (the call's 30 s total).
+    shared = stallproof.RedisState(
+        own_redis.url, prefix=redis_prefix, op_timeout=0.2, retry_interval=0.5
+    )
+    reader = InMemoryMetricReader()
+    client = make_client(
+        fault_server.url("healthy", delay=0.5, key=fault_key),
+        timeout=30.0,
+        pacer=stallproof.Pacer(max_concurrent=4, shared=shared),
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    leases = f"{{{redis_prefix}}}:pacer:leases"
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: client.chat.completions.create(model="m", messages=MSGS))
+        await _until_requests(fault_server, fault_key, 1)
+        assert _redis_count(own_redis.url, "ZCARD", leases) == 1
+        own_redis.pause()
+    try:
+        with anyio.fail_after(5):  # the release waits op_timeout for an answer, in vain
+            while pacer_state(client).shared == "redis":
+                await settled(client)
+    finally:
+        own_redis.resume()
+    with anyio.fail_after(5):  # Redis's state: there is no event to wait on
+        while _redis_count(own_redis.url, "ZCARD", leases) != 0:  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    await settled(client)
+    assert _metric(reader, "stallproof.shared.dropped") == {}
+    assert pacer_state(client).shared == "redis"
+
+
 # -- Redis trouble -------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ Outcomes are recorded in the background, bounded.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _scripts as lua
@@ -44,23 +44,27 @@ class FleetBreaker:
 
     async def admit(self, upstream: str, *, deadline: float) -> FleetVerdict | None:
         """Redis's verdict, or None when it did not answer in time."""
-        ticket_id = self.store.new_id()
+        args = self.admit_args(upstream, deadline)
+        answer = await self.store.run("breaker.admit", lua.BREAKER_ADMIT, args, deadline=deadline)
+        if answer is UNAVAILABLE:
+            return None
+        return self.verdict(answer, args)
+
+    def admit_args(self, upstream: str, deadline: float) -> list[object]:
+        """`BREAKER_ADMIT`'s arguments (also sent with the pacer's, `FLEET_ADMIT`)."""
         # A probe holds the fleet's one slot until its call's deadline at most (max_open
         # when it has none): a probe whose worker died frees it by then.
         hold = deadline - now() + self.store.config.op_timeout
         if not math.isfinite(hold):
             hold = self.policy.max_open
         probe_ms = math.ceil(min(max(hold, 0.1), self.policy.max_open) * 1000)
-        answer = await self.store.run(
-            "breaker.admit",
-            lua.BREAKER_ADMIT,
-            [self._key(upstream), ticket_id, probe_ms],
-            deadline=deadline,
-        )
-        if answer is UNAVAILABLE:
-            return None
+        return [self._key(upstream), self.store.new_id(), probe_ms]
+
+    @staticmethod
+    def verdict(answer: Sequence[Any], args: Sequence[object]) -> FleetVerdict:
+        """`BREAKER_ADMIT`'s answer, for the ticket of ``args`` (`admit_args`)."""
         verdict, ms, state = answer
-        return FleetVerdict(_text(verdict), int(ms) / 1000, _text(state), ticket_id)
+        return FleetVerdict(_text(verdict), int(ms) / 1000, _text(state), str(args[1]))
 
     def record(
         self,

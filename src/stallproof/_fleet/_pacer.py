@@ -21,6 +21,7 @@ from ._store import UNAVAILABLE, SharedStore
 
 if TYPE_CHECKING:
     from .._policies import Pacer
+    from ._breaker import FleetBreaker, FleetVerdict
 
 __all__ = ["FleetLease", "FleetPacer"]
 
@@ -31,14 +32,19 @@ def _agent_key(agent: str | None) -> str:
 
 
 class FleetLease:
-    """One call's grant from the fleet; released once, in the background."""
+    """One call's grant from the fleet; released once, in the background. ``verdict``:
+    the fleet breaker's answer for the call's first attempt, when it came in the same
+    round trip (`FLEET_ADMIT`)."""
 
-    __slots__ = ("_done", "_fleet", "epoch", "id")
+    __slots__ = ("_done", "_fleet", "epoch", "id", "verdict")
 
-    def __init__(self, fleet: FleetPacer, lease_id: str, epoch: int) -> None:
+    def __init__(
+        self, fleet: FleetPacer, lease_id: str, epoch: int, verdict: FleetVerdict | None = None
+    ) -> None:
         self._fleet = fleet
         self.id = lease_id
         self.epoch = epoch
+        self.verdict = verdict
         self._done = False
 
     def release(
@@ -76,12 +82,20 @@ class FleetPacer:
             await self._released.wait()
 
     async def acquire(
-        self, *, agent: str | None, tokens: int, deadline: float, arrived: float
+        self,
+        *,
+        agent: str | None,
+        tokens: int,
+        deadline: float,
+        arrived: float,
+        breaker: tuple[FleetBreaker, str] | None = None,
     ) -> FleetLease | None:
         """Wait for the fleet's grant, at most until ``deadline``.
 
         Returns None when Redis did not answer in time and ``fail="open"``: the caller
-        goes on with its own pacer alone.
+        goes on with its own pacer alone. With ``breaker`` (a fleet breaker and the
+        upstream) on the same store, the grant's round trip also takes the breaker's
+        verdict for the first attempt (`FleetLease.verdict`): one round trip, not two.
 
         Raises:
             PacerTimeout: the deadline passed in the fleet's queue, or the fleet's windows
@@ -97,6 +111,10 @@ class FleetPacer:
         waiter_ms = math.ceil((2 * longest_sleep + 2 * config.op_timeout) * 1000)
         key = _agent_key(agent)
         queued = False
+        fleet_breaker = breaker[0] if breaker is not None and breaker[0].store is store else None
+        script, name = lua.PACER_ACQUIRE, "pacer.acquire"
+        if fleet_breaker is not None:
+            script, name = lua.FLEET_ADMIT, "fleet.admit"
         try:
             while True:
                 now = anyio.current_time()
@@ -116,9 +134,10 @@ class FleetPacer:
                     waiter_ms,
                     1 if policy.adaptive else 0,
                 ]
-                answer = await store.run(
-                    "pacer.acquire", lua.PACER_ACQUIRE, args, deadline=deadline
-                )
+                breaker_args: list[object] = []
+                if fleet_breaker is not None and breaker is not None:
+                    breaker_args = fleet_breaker.admit_args(breaker[1], deadline)
+                answer = await store.run(name, script, args + breaker_args, deadline=deadline)
                 if answer is UNAVAILABLE:
                     if store.fail_closed:
                         raise store.unavailable_error("not sent")
@@ -129,7 +148,10 @@ class FleetPacer:
                 granted, wait_ms = int(answer[0]), int(answer[1])
                 if granted:
                     queued = False
-                    return FleetLease(self, wid, int(answer[2]))
+                    verdict = None
+                    if fleet_breaker is not None and len(answer) >= 6:
+                        verdict = fleet_breaker.verdict(answer[3:6], breaker_args)
+                    return FleetLease(self, wid, int(answer[2]), verdict)
                 now = anyio.current_time()
                 if wait_ms >= 0:  # our turn; a rate window frees capacity in wait_ms
                     ready = now + wait_ms / 1000

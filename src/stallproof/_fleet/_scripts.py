@@ -36,6 +36,7 @@ from __future__ import annotations
 __all__ = [
     "BREAKER_ADMIT",
     "BREAKER_RECORD",
+    "FLEET_ADMIT",
     "INFLIGHT_PUBLISH",
     "INFLIGHT_READ",
     "INFLIGHT_REMOVE",
@@ -85,9 +86,8 @@ end
 #: tpm (0: none), lease ms, waiter ms, adaptive (0/1).
 #: Returns {1, 0, epoch} granted; {0, ms} the caller's turn, capacity frees in ms;
 #: {0, -1} not its turn yet; {0, -2} its turn, all concurrency slots leased.
-PACER_ACQUIRE = (
-    _PACER_PRELUDE
-    + """
+_PACER_ACQUIRE_FN = """
+local function pacer_acquire()
 local wid, agent, weight = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local tokens, maxc = tonumber(ARGV[5]), tonumber(ARGV[6])
 local rpm, tpm = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -156,8 +156,9 @@ if tpm > 0 then
   redis.call('INCRBY', P .. ':tpm:used', tokens)
 end
 return {1, 0, epoch}
+end
 """
-)
+PACER_ACQUIRE = _PACER_PRELUDE + _PACER_ACQUIRE_FN + "return pacer_acquire()\n"
 
 #: ARGV: prefix, waiter id, agent. A waiter that gave up leaves its queue.
 PACER_LEAVE = (
@@ -221,22 +222,28 @@ return tostring(limit)
 )
 
 # Shared by the breaker scripts.
-_BREAKER_PRELUDE = """
-local K = ARGV[1]
+_CLOCK = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+_BREAKER_PRELUDE = (
+    """
+local K = ARGV[1]
+"""
+    + _CLOCK
+    + """
 local function left(name)
   return math.max(0, tonumber(redis.call('HGET', K, name) or '0') - now)
 end
 """
+)
 
-#: ARGV: key, ticket id, probe ms (how long a probe may hold the half-open slot).
-#: Returns {verdict, ms, state}: verdict 'go' (closed), 'probe' (this ticket is the one
-#: probe), 'refuse' (ms until a probe may go; 0 while one runs); state after admission.
-BREAKER_ADMIT = (
-    _BREAKER_PRELUDE
-    + """
-local id, probe_ms = ARGV[2], tonumber(ARGV[3])
+# The admission as a function of its key, ticket and probe ms (after a clock).
+_BREAKER_ADMIT_FN = """
+local function breaker_admit(K, id, probe_ms)
+local function left(name)
+  return math.max(0, tonumber(redis.call('HGET', K, name) or '0') - now)
+end
 local state = redis.call('HGET', K, 'state') or 'closed'
 if state == 'open' then
   local wait = left('open_until')
@@ -251,6 +258,31 @@ if state == 'half-open' then
   return {'probe', 0, state}
 end
 return {'go', 0, state}
+end
+"""
+
+#: ARGV: key, ticket id, probe ms (how long a probe may hold the half-open slot).
+#: Returns {verdict, ms, state}: verdict 'go' (closed), 'probe' (this ticket is the one
+#: probe), 'refuse' (ms until a probe may go; 0 while one runs); state after admission.
+BREAKER_ADMIT = (
+    _CLOCK + _BREAKER_ADMIT_FN + "return breaker_admit(ARGV[1], ARGV[2], tonumber(ARGV[3]))\n"
+)
+
+#: A call's admission when its pacer and its breaker share one `RedisState`: one round
+#: trip. ARGV: `PACER_ACQUIRE`'s 11, then `BREAKER_ADMIT`'s 3. The breaker is asked only
+#: once the pacer grants (as the two scripts in turn would): returns `PACER_ACQUIRE`'s
+#: answer, and on a grant the breaker's {verdict, ms, state} after it (6 items).
+FLEET_ADMIT = (
+    _PACER_PRELUDE
+    + _PACER_ACQUIRE_FN
+    + _BREAKER_ADMIT_FN
+    + """
+local r = pacer_acquire()
+if r[1] == 1 then
+  local v = breaker_admit(ARGV[12], ARGV[13], tonumber(ARGV[14]))
+  r[4], r[5], r[6] = v[1], v[2], v[3]
+end
+return r
 """
 )
 

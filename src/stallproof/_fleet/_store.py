@@ -69,6 +69,8 @@ UNAVAILABLE: Any = _Unavailable()
 # Pipelines in flight at once (each holds one connection), and operations per pipeline.
 _MAX_BATCHES = 8
 _MAX_BATCH = 512
+# How long background operations wait for a caller's to go with (see `_schedule_flush`).
+_BACKGROUND_DELAY = 0.005
 # Loop turns a bound that ran out waits for an answer already read (see `_wait`).
 _HANDOVER_TURNS = 4
 # Background operations kept while Redis is down; past this, new ones are dropped.
@@ -128,7 +130,8 @@ class SharedStore:
         self._shas: dict[str, str] = {}
         self._tasks: set[asyncio.Task[Any]] = set()  # batches in flight
         self._pending: list[_Op] = []  # operations of this loop turn, not sent yet
-        self._flushing = False  # a flush of `_pending` is scheduled
+        self._flush_soon = False  # a flush of `_pending` is scheduled this turn
+        self._flush_later: asyncio.TimerHandle | None = None  # ... or after a short delay
         self._batches = 0
         self._deferred: collections.deque[_Op] = collections.deque()  # kept while down
         self._resend_at: asyncio.TimerHandle | None = None
@@ -245,8 +248,9 @@ class SharedStore:
                 limit = min(deadline, start + bound + lag.stalled(t) - late0)
                 if t >= limit:
                     break
-                with anyio.move_on_after(limit - t):
-                    await asyncio.wait({future})  # (cancelling the wait leaves the future)
+                # (A timer and a waiter, no task or cancel scope: this is on every call's
+                # path. Cancelling the wait leaves the future.)
+                await asyncio.wait({future}, timeout=limit - t)
             # A timer runs in the loop turn that reads the socket, before the coroutine
             # that parses what was read: an answer that came in time may be in hand but
             # not yet handed over. A few more loop turns (each polls the sockets) hand it.
@@ -261,12 +265,26 @@ class SharedStore:
 
     def _enqueue(self, op: _Op) -> None:
         self._pending.append(op)
-        if not self._flushing:
-            self._flushing = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        """A caller waits: flush at the end of this loop turn. Only background ops: flush
+        within `_BACKGROUND_DELAY`, or with the next caller's op, whichever is first; on
+        loopback each send wakes Redis at once, and a send on a call's path costs what
+        Redis takes to run what it carries."""
+        loop = asyncio.get_running_loop()
+        if any(op.future is not None for op in self._pending):
+            if not self._flush_soon:
+                self._flush_soon = True
+                loop.call_soon(self._flush)
+        elif self._pending and self._flush_later is None and not self._flush_soon:
+            self._flush_later = loop.call_later(_BACKGROUND_DELAY, self._flush)
 
     def _flush(self) -> None:
-        self._flushing = False
+        self._flush_soon = False
+        if self._flush_later is not None:
+            self._flush_later.cancel()
+            self._flush_later = None
         loop = asyncio.get_running_loop()
         while self._pending and self._batches < _MAX_BATCHES:
             ops = [op for op in self._pending[:_MAX_BATCH] if op.wanted]
@@ -301,9 +319,7 @@ class SharedStore:
                 self._answered(ops, sent.result())
             for op in ops:  # (no cycle left through the batch)
                 op.batch, op.sent = [], None
-            if self._pending and not self._flushing:
-                self._flushing = True
-                asyncio.get_running_loop().call_soon(self._flush)
+            self._schedule_flush()
 
     async def _pipeline(self, ops: list[_Op]) -> list[Any]:
         """One round trip (two when Redis has not seen a script yet: it loads it)."""
@@ -454,10 +470,12 @@ class SharedStore:
         are not waited for."""
         with anyio.move_on_after(self.config.op_timeout, shield=True):
             while self._tasks or self._pending:
+                if self._pending and self._batches < _MAX_BATCHES:
+                    self._flush()
                 if self._tasks:
                     await asyncio.wait(set(self._tasks))
                 else:
-                    await anyio.lowlevel.checkpoint()  # the scheduled flush runs
+                    await anyio.lowlevel.checkpoint()
 
     async def aclose(self) -> None:
         """Wait (at most ``op_timeout``) for background operations, then close the
@@ -474,6 +492,9 @@ class SharedStore:
                 op.future.set_exception(_RedisFailed("the client was closed"))
         self._deferred.clear()
         self._pending.clear()
+        if self._flush_later is not None:
+            self._flush_later.cancel()
+            self._flush_later = None
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
