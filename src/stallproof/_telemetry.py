@@ -225,19 +225,6 @@ class Instruments:
 class CallTelemetry:
     """The span, metrics and log lines of one logical call."""
 
-    __slots__ = (
-        "_attempt_span",
-        "_base_attrs",
-        "_ended",
-        "_last_chunk",
-        "call",
-        "instruments",
-        "recording",
-        "server_address",
-        "server_port",
-        "span",
-    )
-
     def __init__(
         self,
         instruments: Instruments,
