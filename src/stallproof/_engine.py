@@ -380,8 +380,7 @@ class Engine:
         loop gives up on one, the response itself goes back to `send`.
         """
         try:
-            with scope.telemetry.attempt(1, out.url) as carrier:
-                return await self._attempt(out, scope, circuit, 1, policy.attempts, carrier)
+            return await self._spanned_attempt(out, scope, circuit, 1, policy.attempts)
         except BaseException as e:
             # (No local keeps the error: it would make a cycle with its traceback.)
             if policy.attempts == 1 or not policy.retryable(
@@ -421,10 +420,7 @@ class Engine:
                     try:
                         if n == 1:
                             raise first
-                        with scope.telemetry.attempt(n, out.url) as carrier:
-                            return await self._attempt(
-                                out, scope, circuit, n, policy.attempts, carrier
-                            )
+                        return await self._spanned_attempt(out, scope, circuit, n, policy.attempts)
                     except _StatusFailure as failure:
                         last = failure
                         raise failure.error from None
@@ -435,6 +431,12 @@ class Engine:
         finally:
             del last, retrying, first  # no cycle through this frame's traceback
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    async def _spanned_attempt(
+        self, out: Outgoing, scope: CallScope, circuit: Circuit | None, n: int, of: int
+    ) -> Incoming:
+        with scope.telemetry.attempt(n, out.url) as carrier:
+            return await self._attempt(out, scope, circuit, n, of, carrier)
 
     async def _attempt(
         self,

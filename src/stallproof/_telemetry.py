@@ -25,11 +25,11 @@ never recorded unless ``record_content=True``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Mapping
-from contextvars import Token
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import baggage, metrics, propagate, trace
@@ -285,15 +285,32 @@ class CallTelemetry:
         self.instruments.inflight.add(-1, {"stallproof.phase": old})
         self.instruments.inflight.add(1, {"stallproof.phase": new})
 
-    def attempt(self, n: int, url: str) -> _AttemptScope:
+    @contextlib.contextmanager
+    def attempt(self, n: int, url: str) -> Iterator[dict[str, str]]:
         """Start attempt ``n``'s span and run the attempt with it as the current span.
 
-        Enters as the W3C trace-context headers to send. HTTP client instrumentation is
+        Yields the W3C trace-context headers to send. HTTP client instrumentation is
         suppressed inside: this span is the attempt's HTTP client span, so no second one
         (in another trace) is made and the ``traceparent`` sent is this span's. The span
         itself ends in `attempt_ended`.
         """
-        return _AttemptScope(self, n, url)
+        carrier: dict[str, str] = {}
+        self.attempt_started(n, url, carrier)
+        span = self._attempt_span
+        assert span is not None
+        if not carrier and _inert(span):
+            # No trace at all (no SDK, no parent, nothing to propagate): nothing inside
+            # the attempt could use the span, so it is not made current.
+            yield carrier
+            return
+        ctx = trace.set_span_in_context(span)
+        if _SUPPRESS_HTTP is not None:
+            ctx = otel_context.set_value(_SUPPRESS_HTTP, True, ctx)
+        token = otel_context.attach(ctx)
+        try:
+            yield carrier
+        finally:
+            otel_context.detach(token)
 
     def attempt_started(self, n: int, url: str, carrier: MutableMapping[str, str]) -> None:
         """Start attempt ``n``'s span and put its W3C trace context in ``carrier``."""
@@ -502,41 +519,6 @@ class CallTelemetry:
         if isinstance(error, exc.StallproofError):
             return f"stallproof.{type(error).__name__}"
         return type(error).__qualname__
-
-
-class _AttemptScope:
-    """`CallTelemetry.attempt`: a slotted context manager, not a generator one (a
-    generator and its context manager more per call in flight, for the collector to walk
-    when thousands wait)."""
-
-    __slots__ = ("_n", "_telemetry", "_token", "_url")
-
-    def __init__(self, telemetry: CallTelemetry, n: int, url: str) -> None:
-        self._telemetry = telemetry
-        self._n = n
-        self._url = url
-        self._token: Token[otel_context.Context] | None = None
-
-    def __enter__(self) -> dict[str, str]:
-        telemetry = self._telemetry
-        carrier: dict[str, str] = {}
-        telemetry.attempt_started(self._n, self._url, carrier)
-        span = telemetry._attempt_span
-        assert span is not None
-        if not carrier and _inert(span):
-            # No trace at all (no SDK, no parent, nothing to propagate): nothing inside
-            # the attempt could use the span, so it is not made current.
-            return carrier
-        ctx = trace.set_span_in_context(span)
-        if _SUPPRESS_HTTP is not None:
-            ctx = otel_context.set_value(_SUPPRESS_HTTP, True, ctx)
-        self._token = otel_context.attach(ctx)
-        return carrier
-
-    def __exit__(self, *exc_info: object) -> None:
-        token, self._token = self._token, None
-        if token is not None:
-            otel_context.detach(token)
 
 
 def _inert(span: trace.Span) -> bool:
