@@ -221,6 +221,8 @@ class Engine:
 
             pool = open_pool(limits, trust_env=trust_env, proxy=proxy)
         self.pool: Wire = pool
+        # An attempt may be bounded on asyncio's own cancellation (`Call.bounded`).
+        self._native_bounds = isinstance(pool, Pool) and pool.unshielded
         self._rng = random.Random()
         # Headers already found fine (`check_headers`): a client sends the same on every call.
         self._known_headers: set[tuple[bytes, bytes]] = set()
@@ -386,8 +388,7 @@ class Engine:
         loop gives up on one, the response itself goes back to `send`.
         """
         try:
-            with scope.telemetry.attempt(1, out.url) as carrier:
-                return await self._attempt(out, scope, circuit, 1, policy.attempts, carrier)
+            return await self._spanned_attempt(out, scope, circuit, 1, policy.attempts)
         except BaseException as e:
             # (No local keeps the error: it would make a cycle with its traceback.)
             if policy.attempts == 1 or not policy.retryable(
@@ -427,10 +428,7 @@ class Engine:
                     try:
                         if n == 1:
                             raise first
-                        with scope.telemetry.attempt(n, out.url) as carrier:
-                            return await self._attempt(
-                                out, scope, circuit, n, policy.attempts, carrier
-                            )
+                        return await self._spanned_attempt(out, scope, circuit, n, policy.attempts)
                     except _StatusFailure as failure:
                         last = failure
                         raise failure.error from None
@@ -441,6 +439,16 @@ class Engine:
         finally:
             del last, retrying, first  # no cycle through this frame's traceback
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    async def _spanned_attempt(
+        self, out: Outgoing, scope: CallScope, circuit: Circuit | None, n: int, of: int
+    ) -> Incoming:
+        telemetry = scope.telemetry
+        carrier, token = telemetry.enter_attempt(n, out.url)
+        try:
+            return await self._attempt(out, scope, circuit, n, of, carrier)
+        finally:
+            telemetry.exit_attempt(token)
 
     async def _attempt(
         self,
@@ -461,7 +469,7 @@ class Engine:
         pool_response: httpcore2.Response | None = None
         stream: ResponseBody | None = None
         try:
-            with call.bounded():
+            with call.bounded(native=self._native_bounds):
                 pool_response = await self.pool.send(request)
                 status, headers, decoder = self._head(call, pool_response)
                 if status >= 300:

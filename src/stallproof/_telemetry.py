@@ -31,7 +31,6 @@ import json
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import baggage, metrics, propagate, trace
@@ -333,15 +332,34 @@ class CallTelemetry:
         self.instruments.inflight.add(-1, {"stallproof.phase": old})
         self.instruments.inflight.add(1, {"stallproof.phase": new})
 
-    def attempt(self, n: int, url: str) -> _AttemptScope:
-        """Start attempt ``n``'s span and run the attempt with it as the current span.
+    def enter_attempt(self, n: int, url: str) -> tuple[Mapping[str, str], object]:
+        """Start attempt ``n``'s span and make it the current span until `exit_attempt`.
 
-        Enters as the W3C trace-context headers to send. HTTP client instrumentation is
-        suppressed inside: this span is the attempt's HTTP client span, so no second one
-        (in another trace) is made and the ``traceparent`` sent is this span's. The span
-        itself ends in `attempt_ended`.
+        Returns the W3C trace-context headers to send and the token `exit_attempt` takes.
+        HTTP client instrumentation is suppressed meanwhile: this span is the attempt's
+        HTTP client span, so no second one (in another trace) is made and the
+        ``traceparent`` sent is this span's. The span itself ends in `attempt_ended`.
         """
-        return _AttemptScope(self, n, url)
+        if self._quiet:
+            return _NO_CARRIER, None
+        carrier: dict[str, str] = {}
+        self.attempt_started(n, url, carrier)
+        span = self._attempt_span
+        assert span is not None
+        if not carrier and _inert(span):
+            # No trace at all (no SDK, no parent, nothing to propagate): nothing inside
+            # the attempt could use the span, so it is not made current.
+            return carrier, None
+        ctx = trace.set_span_in_context(span)
+        if _SUPPRESS_HTTP is not None:
+            ctx = otel_context.set_value(_SUPPRESS_HTTP, True, ctx)
+        return carrier, otel_context.attach(ctx)
+
+    @staticmethod
+    def exit_attempt(token: object) -> None:
+        """Restore the context `enter_attempt` replaced (None: it replaced none)."""
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
 
     def attempt_started(self, n: int, url: str, carrier: MutableMapping[str, str]) -> None:
         """Start attempt ``n``'s span and put its W3C trace context in ``carrier``."""
@@ -561,43 +579,6 @@ class CallTelemetry:
 
 
 _NO_CARRIER: Mapping[str, str] = {}
-
-
-class _AttemptScope:
-    """`CallTelemetry.attempt`: a slotted context manager, not a generator one (a
-    generator and its context manager more per call in flight, for the collector to walk
-    when thousands wait)."""
-
-    __slots__ = ("_n", "_telemetry", "_token", "_url")
-
-    def __init__(self, telemetry: CallTelemetry, n: int, url: str) -> None:
-        self._telemetry = telemetry
-        self._n = n
-        self._url = url
-        self._token: Token[otel_context.Context] | None = None
-
-    def __enter__(self) -> Mapping[str, str]:
-        telemetry = self._telemetry
-        if telemetry._quiet:  # nothing records a span: none is made
-            return _NO_CARRIER
-        carrier: dict[str, str] = {}
-        telemetry.attempt_started(self._n, self._url, carrier)
-        span = telemetry._attempt_span
-        assert span is not None
-        if not carrier and _inert(span):
-            # No trace at all (no SDK, no parent, nothing to propagate): nothing inside
-            # the attempt could use the span, so it is not made current.
-            return carrier
-        ctx = trace.set_span_in_context(span)
-        if _SUPPRESS_HTTP is not None:
-            ctx = otel_context.set_value(_SUPPRESS_HTTP, True, ctx)
-        self._token = otel_context.attach(ctx)
-        return carrier
-
-    def __exit__(self, *exc_info: object) -> None:
-        token, self._token = self._token, None
-        if token is not None:
-            otel_context.detach(token)
 
 
 def _log_start(call: Call) -> None:
