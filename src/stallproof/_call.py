@@ -157,11 +157,14 @@ class Call:
             shared=self.shared,
         )
 
-    def progress(self, nbytes: int = 0, *, content: bool = False) -> None:
-        """Record received bytes; ``content`` (or any byte of a non-stream body) is progress."""
+    def progress(self, nbytes: int = 0, *, content: bool | int = False) -> None:
+        """Record received bytes; ``content`` (or any byte of a non-stream body) is progress.
+
+        ``content``: a content chunk arrived, or how many arrived (in one read) if an int.
+        """
         self.bytes_received += nbytes
         if content:
-            self.content_chunks += 1
+            self.content_chunks += content
         if content or (nbytes and not self.stream):
             self.last_progress = self.now()
 
