@@ -66,6 +66,10 @@ def loop_clock() -> Clock:
         if last is not None and last[0] is loop:
             return last[1]  # the same bound method for every call on this loop
         clock = loop.time
+        if getattr(clock, "__func__", None) is asyncio.BaseEventLoop.time:
+            # The stock loop's clock is time.monotonic: read it without a Python frame
+            # around it (a call reads the clock a dozen times, a stream once per event).
+            clock = time.monotonic
         _last_clock = (loop, clock)
         return clock
     if library == "trio":
@@ -80,6 +84,6 @@ def loop_clock() -> Clock:
 def on_clock(when: float, clock: Clock, expires: float, other: Clock) -> float:
     """``when`` (a time on ``clock``, which is ``expires`` on ``time.monotonic``) as a
     time on ``other``: itself on the same clock, else ``other``'s now plus the time left."""
-    if other == clock:  # bound methods of one loop compare equal
+    if other == clock:  # bound methods of one loop compare equal (and stock loops share one)
         return when
     return other() + (expires - time.monotonic())
