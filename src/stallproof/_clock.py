@@ -16,7 +16,7 @@ from collections.abc import Callable
 import anyio
 import sniffio
 
-__all__ = ["Clock", "loop_clock", "on_clock", "running_clock"]
+__all__ = ["Clock", "is_asyncio_clock", "loop_clock", "on_clock", "running_clock"]
 
 Clock = Callable[[], float]
 
@@ -79,6 +79,13 @@ def loop_clock() -> Clock:
         # `trio.current_time`, answers from any thread (`stallproof.inflight()` reads it).
         return trio.lowlevel.current_clock().current_time
     return anyio.current_time  # pragma: no cover - another anyio backend
+
+
+def is_asyncio_clock(clock: Clock) -> bool:
+    """Whether ``clock`` (from `loop_clock`) is an asyncio loop's."""
+    return clock is time.monotonic or isinstance(
+        getattr(clock, "__self__", None), asyncio.AbstractEventLoop
+    )
 
 
 def on_clock(when: float, clock: Clock, expires: float, other: Clock) -> float:

@@ -221,6 +221,8 @@ class Engine:
 
             pool = open_pool(limits, trust_env=trust_env, proxy=proxy)
         self.pool: Wire = pool
+        # An attempt may be bounded on asyncio's own cancellation (`Call.bounded`).
+        self._native_bounds = isinstance(pool, Pool) and pool.unshielded
         self._rng = random.Random()
         # Headers already found fine (`check_headers`): a client sends the same on every call.
         self._known_headers: set[tuple[bytes, bytes]] = set()
@@ -467,7 +469,7 @@ class Engine:
         pool_response: httpcore2.Response | None = None
         stream: ResponseBody | None = None
         try:
-            with call.bounded():
+            with call.bounded(native=self._native_bounds):
                 pool_response = await self.pool.send(request)
                 status, headers, decoder = self._head(call, pool_response)
                 if status >= 300:
