@@ -281,7 +281,7 @@ class ResponseBody:
         if self._mode != "events":
             self._chunks.append(data)
         try:
-            events = list(self._decoder.feed(data))
+            events = self._decoder.feed(data)
         except LineTooLong:
             raise self._call.error(
                 exc.ResponseTooLarge,
@@ -290,17 +290,15 @@ class ResponseBody:
             ) from None
         return self._absorb_events(events)
 
-    def _absorb_events(self, events: object) -> bool:
-        content = False
+    def _absorb_events(self, events: list[ServerSentEvent]) -> bool:
+        content = 0
         mode = self._mode
         outcome = self.outcome
-        call = self._call
         telemetry = self._scope.telemetry
-        for event in events:  # type: ignore[attr-defined]
+        for event in events:
             is_content, obj = classify(event, outcome)
             if is_content:
-                content = True
-                call.progress(content=True)
+                content += 1
                 telemetry.chunk()
             if mode == "events":
                 self._events.append((event, obj, is_content))
@@ -313,7 +311,9 @@ class ResponseBody:
                 # alone: a flood before the first content cannot cost ten times the stream.
                 self._kept_undecided += len(event.data)
                 self._events.append((event, obj, is_content))
-        return content
+        if content:
+            self._call.progress(content=content)  # (one clock reading for the whole read)
+        return content > 0
 
     async def _guarded_step(self) -> None:
         """A step after the body was handed over: a failure ends the call."""

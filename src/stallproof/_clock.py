@@ -16,7 +16,7 @@ from collections.abc import Callable
 import anyio
 import sniffio
 
-__all__ = ["Clock", "loop_clock", "on_clock", "running_clock"]
+__all__ = ["Clock", "is_asyncio_clock", "loop_clock", "on_clock", "running_clock"]
 
 Clock = Callable[[], float]
 
@@ -66,6 +66,10 @@ def loop_clock() -> Clock:
         if last is not None and last[0] is loop:
             return last[1]  # the same bound method for every call on this loop
         clock = loop.time
+        if getattr(clock, "__func__", None) is asyncio.BaseEventLoop.time:
+            # The stock loop's clock is time.monotonic: read it without a Python frame
+            # around it (a call reads the clock a dozen times, a stream once per event).
+            clock = time.monotonic
         _last_clock = (loop, clock)
         return clock
     if library == "trio":
@@ -77,9 +81,16 @@ def loop_clock() -> Clock:
     return anyio.current_time  # pragma: no cover - another anyio backend
 
 
+def is_asyncio_clock(clock: Clock) -> bool:
+    """Whether ``clock`` (from `loop_clock`) is an asyncio loop's."""
+    return clock is time.monotonic or isinstance(
+        getattr(clock, "__self__", None), asyncio.AbstractEventLoop
+    )
+
+
 def on_clock(when: float, clock: Clock, expires: float, other: Clock) -> float:
     """``when`` (a time on ``clock``, which is ``expires`` on ``time.monotonic``) as a
     time on ``other``: itself on the same clock, else ``other``'s now plus the time left."""
-    if other == clock:  # bound methods of one loop compare equal
+    if other == clock:  # bound methods of one loop compare equal (and stock loops share one)
         return when
     return other() + (expires - time.monotonic())

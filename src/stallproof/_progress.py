@@ -164,7 +164,10 @@ def classify(event: ServerSentEvent, outcome: Outcome) -> tuple[bool, object]:
         return False, None
     if event.event in _LIFECYCLE:
         return False, _loads(data)
-    obj = _loads(data)
+    try:
+        obj = loads(data)
+    except ValueError:
+        obj = None
     if obj is None and event.event != "message":
         return False, None  # a named event that is not JSON: not ours to judge, skipped
     if not isinstance(obj, dict):

@@ -88,7 +88,10 @@ class SSEDecoder:
                 self._data_bytes += len(line)
                 if self._data_bytes > limit:
                     raise LineTooLong(self._data_bytes)
-                self._data.append(self._decode(line[6:]))
+                try:
+                    self._data.append(line[6:].decode())
+                except UnicodeDecodeError:
+                    self._data.append(self._decode(line[6:]))
             else:
                 event = self._line(line)
                 if event is not None:

@@ -105,7 +105,7 @@ class _EventStream(Generic[T]):
                 # end of the HTTP body (read briefly, so a held-open socket costs little).
                 await body.finish()
                 return None
-            if call.remaining() <= 0:
+            if call.now() >= call.total_deadline:
                 timeout = call.timeout_error("total")
                 await body.fail(timeout)
                 raise timeout

@@ -187,6 +187,14 @@ class Pool:
         self._waiting: dict[_Waiter, None] = {}
         self._open = 0
 
+    @property
+    def unshielded(self) -> bool:
+        """Whether, on asyncio, nothing it does awaits in a shielded region: every
+        connection is an `H1Connection` (no proxy, no httpcore2), whose closing never
+        suspends. The engine then bounds an attempt on asyncio's own cancellation
+        (`stallproof._native_scope`), which a shield would not hold off."""
+        return self._connection == "auto" and self.proxies is None
+
     def stats(self) -> PoolStats:
         return PoolStats(
             connections=self._open,
