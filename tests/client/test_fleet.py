@@ -786,7 +786,9 @@ async def test_a_killed_workers_probe_frees_the_fleets_probe_slot_at_its_deadlin
             model="m", messages=MSGS, extra_headers={"X-Fault": "status;code=500"}
         )
     await settled(client)  # the outcome went in the background: the circuit is open
-    # A worker becomes the fleet's probe (after reset_timeout), stalls, and is killed.
+    # A worker becomes the fleet's probe (after reset_timeout), stalls, and is killed. (It
+    # starts in milliseconds, forked from the zygote: it must not ask before reset_timeout.)
+    await anyio.sleep(breaker["reset_timeout"] + 0.1)
     (worker,) = fleet_workers.start(
         _job(
             fault_server.url(),
