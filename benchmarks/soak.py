@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--freeze",
         action="store_true",
         help="gc.collect(); gc.freeze() after the imports, as a latency-minded service can "
-        "(full collections then skip the ~100,000 objects the SDKs' imports made)",
+        "(full collections then skip the ~240,000 objects the imports made)",
     )
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
@@ -128,7 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores"
     )
     print(report.table())
-    failures = report.failures(late_after=LATE, late_share=LATE_SHARE, beyond_lag=LATE)
+    failures = report.failures(
+        late_after=LATE, late_share=LATE_SHARE, beyond_lag=LATE, against_loop=False
+    )
     for line in failures[:40]:
         print(line)
     if len(failures) > 40:

@@ -8,9 +8,10 @@ descriptor or task, and nothing raised where no caller can catch it.
 
 Lateness is judged against the event loop's own lag, measured beside the calls: a call
 late while the loop itself was held up (a loaded runner, a full garbage collection, the
-in-process fault server's thread holding the GIL) is late by the machine; one late by
-more than MARGIN past the loop's lag around its deadline is late by stallproof, and fails.
-A few calls late by the machine are allowed, not many.
+in-process fault server's thread holding the GIL) is late by the machine. A call late by
+more than MARGIN past all the lag the loop showed between its deadline and its end fails;
+so do more than 5% of the calls late by 100 ms past the loop's longest single stall there
+(a bound 0.2 s late makes that ~13%; a quiet run has 0-1%).
 
 Each run draws a new seed, printed in the failure message; replay one with
 ``STALLPROOF_SOAK_SEED=<seed>``.
@@ -49,9 +50,10 @@ SETTINGS = soak.Settings(
     threads=8,
     limit=60.0,
 )
-# At most this share of the calls may end more than MARGIN past their deadline, whatever
-# the loop's lag: a loaded runner delays some, a regression delays many.
-LATE_SHARE = 0.05
+# At most this share of the calls may end more than LATE past their deadline and past the
+# loop's longest stall around it: a loop every turn of which is slow (a saturated runner)
+# delays a few that way, a regression of 0.2 s delays more than one call in ten.
+LATE, LATE_SHARE = 0.1, 0.05
 
 
 def _port(url: str) -> int:
@@ -68,7 +70,9 @@ async def test_the_chaos_soak_ends_every_call_typed_on_time_and_leaves_nothing(
     targets = soak.Targets(fault_server.url(), fault_server.blackhole_url, fault_server.refused_url)
     ports = frozenset({fault_server.port, _port(fault_server.blackhole_url)})
     report = await soak.run(settings, targets, server_ports=ports)
-    failures = report.failures(late_after=MARGIN, late_share=LATE_SHARE, beyond_lag=MARGIN)
+    failures = report.failures(
+        late_after=LATE, late_share=LATE_SHARE, beyond_lag=MARGIN, against_loop=True
+    )
     assert not failures, (
         f"{report.summary()} (replay: STALLPROOF_SOAK_SEED={seed})\n"
         + "\n".join(failures[:30])

@@ -9,6 +9,8 @@
 - `proxyserver`: a forward/CONNECT/SOCKS5 proxy on loopback.
 - `fleet`: a real redis-server and worker processes (`fleet_worker.py`) for fleet state.
 - `otel`: OpenTelemetry attributes and metric points, read with their kind asserted.
+- `soak`: the chaos soak (random faults, totals, cancellations through every face; its
+  parts `soak_plan`, `soak_calls`, `soak_report`), for test_soak.py and benchmarks/soak.py.
 
 Fixtures live in the conftest.py of the group that uses them (tests/conftest.py for all).
 """
