@@ -67,7 +67,7 @@ module              what is in it
 **foundations**     imported by every layer, importing none
 `_config`           `Timeouts`, `Limits`: frozen, validated bounds and caps
 `_clock`            the event loop's clock, and a deadline read across clocks (sync too)
-`_native_scope`     `NativeScope`: an attempt's bound on asyncio's own task cancellation
+`_native_scope`     `NativeCancelScope`: an attempt's bound on asyncio's own task cancellation
 `_exceptions`       the one exception tree
 `_validate`         the validation rules and message shape every config shares
 `_redact`           keeping secrets out of messages, reprs, logs, spans and chains

@@ -404,7 +404,7 @@ class ResponseBody:
         if self._state is _State.LIVE and self._raw is not None:
             bound = min(_DRAIN_BOUND, max(self._call.remaining(), 0.0))
             read_before = getattr(self._raw, "read_before", None)
-            if read_before is not None:  # the asyncio wire: a loop timer, not a scope
+            if read_before is not None:  # the asyncio wire: a loop timer, not a cancel scope
                 until = self._call.now() + bound
                 try:
                     while await read_before(until) is not None:

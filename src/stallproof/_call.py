@@ -2,7 +2,7 @@
 
 A call runs its awaits inside anyio cancel scopes whose deadline is the earliest of the
 bounds that apply right now (total, and first_token or idle). `Call` remembers which bound
-set that deadline, so when the scope fires we raise the error that names it. Phases come
+set that deadline, so when the cancel scope fires we raise the error that names it. Phases come
 from httpcore's ``trace`` request extension, not from guessing.
 """
 
@@ -24,7 +24,7 @@ from ._clock import is_asyncio_clock, loop_clock
 from ._config import Timeouts
 from ._deadline import ActiveDeadline
 from ._inflight import InflightCall
-from ._native_scope import NativeScope
+from ._native_scope import NativeCancelScope
 
 __all__ = ["Call", "PhaseListener"]
 
@@ -52,7 +52,7 @@ _SENT_EVENTS = frozenset({"http11.send_request_body.complete", "http2.send_reque
 
 E = TypeVar("E", bound=exc.StallproofError)
 
-# Tasks count the cancellations asked of them (what `NativeScope` relies on) from 3.11.
+# Tasks count the cancellations asked of them (what `NativeCancelScope` relies on) from 3.11.
 _COUNTED_CANCELS = sys.version_info >= (3, 11)
 
 
@@ -61,11 +61,12 @@ class Call:
 
     __slots__ = (
         "_bound",
-        "_scope",
+        "_cancel_scope",
         "agent",
         "attempt",
         "bytes_received",
         "content_chunks",
+        "enclosing",
         "headers_received",
         "labels",
         "last_progress",
@@ -76,7 +77,6 @@ class Call:
         "phase",
         "phase_since",
         "request_id",
-        "scope",
         "sent_at",
         "server_request_id",
         "shared",
@@ -99,7 +99,7 @@ class Call:
         agent: str | None = None,
         labels: Mapping[str, str] | None = None,
         max_attempts: int = 1,
-        scope: ActiveDeadline | None = None,
+        enclosing: ActiveDeadline | None = None,
         method: str = "POST",
         url: str | None = None,
     ) -> None:
@@ -115,12 +115,14 @@ class Call:
         self.now = loop_clock()
         self.started = self.now()
         self.total_deadline = self.started + timeouts.total
-        # A `deadline()` scope around the call that ends before its own total clips it.
-        # (The scope may have been set on another clock: sync code, another loop.)
-        scope_when = scope.when_on(self.now) if scope is not None else self.total_deadline
-        self.scope = scope if scope_when < self.total_deadline else None
-        if self.scope is not None:
-            self.total_deadline = scope_when
+        # A `deadline()` block around the call that ends before its own total clips it.
+        # (The block may have been entered on another clock: sync code, another loop.)
+        enclosing_when = (
+            enclosing.when_on(self.now) if enclosing is not None else self.total_deadline
+        )
+        self.enclosing = enclosing if enclosing_when < self.total_deadline else None
+        if self.enclosing is not None:
+            self.total_deadline = enclosing_when
         self.phase = "pool wait"
         self.phase_since = self.started
         self.last_progress = self.started
@@ -134,7 +136,7 @@ class Call:
         self.content_chunks = 0
         self.shared: str | None = None  # fleet state: "redis", "local (why)"; None: unshared
         self.telemetry: PhaseListener | None = None
-        self._scope: anyio.CancelScope | NativeScope | None = None
+        self._cancel_scope: anyio.CancelScope | NativeCancelScope | None = None
         self._bound = "total"
 
     # -- the in-flight view (the engine's registry holds the call; `CallScope.end` removes it)
@@ -191,42 +193,42 @@ class Call:
 
     # -- bounds --------------------------------------------------------------------------
 
-    def total_scope(self) -> _TimeoutScope:
+    def within_total(self) -> _Bounded:
         """Run the body under the call's total deadline; raise `TotalTimeout` when it fires.
 
-        Around what awaits outside an attempt's own `bounded` scope: the retries and their
+        Around what awaits outside an attempt's own `bounded` block: the retries and their
         waits, a shared circuit's admission, a large body parsed in a thread. A
-        cancellation from outside (the caller's own scope) passes through untouched.
+        cancellation from outside (the caller's own cancel scope) passes through untouched.
         """
-        return _TimeoutScope(self, self.total_deadline, "total", translate=False)
+        return _Bounded(self, self.total_deadline, "total", translate=False)
 
-    def bounded(self, *, native: bool = False) -> _TimeoutScope:
+    def bounded(self, *, native: bool = False) -> _Bounded:
         """Run an attempt under total and a phase bound (first_token or idle), whichever
         is first, in one cancel scope whose deadline `rearm` moves (total alone at first);
         the pool's errors are translated to ours (`_translate`).
 
         ``native``: nothing inside awaits in a shielded region (the engine's own pool on
-        the asyncio wire), so on asyncio the scope may be a `NativeScope`, on the task's
-        own cancellation, for a fraction of anyio's cost.
+        the asyncio wire), so on asyncio the cancel scope may be a `NativeCancelScope`, on
+        the task's own cancellation, for a fraction of anyio's cost.
 
-        The scope raises the error of the bound that fired: a phase bound fails one
-        attempt (which a retry may repeat), `TotalTimeout` ends the call. One scope, not a
-        phase scope inside a total one: the first attempt, the only one most calls make,
-        needs no other (retries run inside `total_scope`, which also bounds their waits).
+        The block raises the error of the bound that fired: a phase bound fails one
+        attempt (which a retry may repeat), `TotalTimeout` ends the call. One cancel scope,
+        not a phase one inside a total one: the first attempt, the only one most calls make,
+        needs no other (retries run inside `within_total`, which also bounds their waits).
         """
         native = native and _COUNTED_CANCELS and is_asyncio_clock(self.now)
-        return _TimeoutScope(self, self.total_deadline, None, translate=True, native=native)
+        return _Bounded(self, self.total_deadline, None, translate=True, native=native)
 
-    def step(self, bound: str, deadline: float) -> _TimeoutScope:
-        """One scope for one step of a stream: total and a phase bound, whichever is first.
+    def step(self, bound: str, deadline: float) -> _Bounded:
+        """One block for one step of a stream: total and a phase bound, whichever is first.
 
-        `total_scope` + `bounded` in a single cancel scope, errors translated as in
+        `within_total` + `bounded` in a single cancel scope, errors translated as in
         `bounded`; a stream step is never retried, so the two bounds need not
         be told apart by nesting.
         """
         if deadline >= self.total_deadline:
             bound, deadline = "total", self.total_deadline
-        return _TimeoutScope(self, deadline, bound, translate=True)
+        return _Bounded(self, deadline, bound, translate=True)
 
     async def read_before(
         self, read: Callable[[float], Awaitable[bytes | None]], bound: str, deadline: float
@@ -253,17 +255,17 @@ class Call:
 
     def rearm(self, bound: str | None, deadline: float | None = None) -> None:
         """Change the phase bound of the running `bounded` block (None: total alone)."""
-        if self._scope is not None:
+        if self._cancel_scope is not None:
             self._arm(bound, deadline)
 
     def _arm(self, bound: str | None, deadline: float | None) -> None:
-        assert self._scope is not None
-        if self._scope.cancel_called:
+        assert self._cancel_scope is not None
+        if self._cancel_scope.cancel_called:
             return  # the bound already fired: keep the name of the one that did
         if bound is None or deadline is None or deadline >= self.total_deadline:
             bound, deadline = "total", self.total_deadline
-        if self._scope.deadline != deadline:  # (each change is a new timer: skip no-ops)
-            self._scope.deadline = deadline
+        if self._cancel_scope.deadline != deadline:  # (each change is a new timer: skip no-ops)
+            self._cancel_scope.deadline = deadline
         self._bound = bound
 
     def start_attempt(self, attempt: int) -> None:
@@ -276,12 +278,12 @@ class Call:
         self.set_phase("pool wait")
 
     def timeout_error(self, bound: str, limit: float | None = None) -> exc.TimeoutException:
-        if bound == "total" and self.scope is not None:
+        if bound == "total" and self.enclosing is not None:
             return exc.DeadlineExceeded(
-                limit=self.scope.seconds,
+                limit=self.enclosing.seconds,
                 elapsed=self.elapsed(),
                 phase=self.phase,
-                scope=self.scope.name,
+                name=self.enclosing.name,
                 request_id=self.request_id,
                 server_request_id=self.server_request_id,
                 method=self.method,
@@ -341,7 +343,7 @@ class Call:
             # that does not match the caller's content-length.) Its text may quote a
             # header value (h11: "Illegal header value b'Bearer sk-...'"): keep only the
             # words before the first quote. The refusal is raised from
-            # `_TimeoutScope.__exit__`, where Python makes the pool's error its __context__
+            # `_Bounded.__exit__`, where Python makes the pool's error its __context__
             # whatever we do, so that error keeps no text and its frames no locals (the
             # headers among them), and the refusal does not show it.
             said = re.split(r"""['"]""", str(e), maxsplit=1)[0].strip(" :")
@@ -387,17 +389,17 @@ class Call:
         return f"while {self.phase}"
 
 
-class _TimeoutScope:
-    """An anyio cancel scope that raises the call's timeout error when it fires itself.
+class _Bounded:
+    """A cancel scope that raises the call's timeout error when it fires itself.
 
-    A cancellation from outside (the caller's own scope, an enclosing bound) passes
+    A cancellation from outside (the caller's own cancel scope, an enclosing bound) passes
     through untouched. With ``translate``, the pool's errors are raised as ours
-    (`Call._translate`). ``bound`` None: the phase bound `Call.rearm` last armed (the
-    scope is the call's ``_scope`` until it exits).
+    (`Call._translate`). ``bound`` None: the phase bound `Call.rearm` last armed (its
+    cancel scope is the call's ``_cancel_scope`` until it exits).
 
     A class, not a generator context manager: thousands of calls may be in flight at
     once, each holding one or two of these, and a generator with its context manager is
-    four more objects per scope for the garbage collector to walk.
+    four more objects per block for the garbage collector to walk.
     """
 
     __slots__ = ("_bound", "_call", "_translate", "cancel_scope")
@@ -414,14 +416,14 @@ class _TimeoutScope:
         self._call = call
         self._bound = bound
         self._translate = translate
-        self.cancel_scope: anyio.CancelScope | NativeScope = (
-            NativeScope(deadline) if native else anyio.CancelScope(deadline=deadline)
+        self.cancel_scope: anyio.CancelScope | NativeCancelScope = (
+            NativeCancelScope(deadline) if native else anyio.CancelScope(deadline=deadline)
         )
 
     def __enter__(self) -> None:
         self.cancel_scope.__enter__()
         if self._bound is None:
-            self._call._scope = self.cancel_scope
+            self._call._cancel_scope = self.cancel_scope
             self._call._arm(None, None)
 
     def __exit__(
@@ -433,11 +435,11 @@ class _TimeoutScope:
         call = self._call
         bound = self._bound
         if bound is None:
-            call._scope = None
+            call._cancel_scope = None
             bound = call._bound
-        scope = self.cancel_scope
-        # (trio's scope also returns True when the body ended without an exception.)
-        if scope.__exit__(exc_type, error, tb) and scope.cancelled_caught:
+        cancel_scope = self.cancel_scope
+        # (trio's also returns True when the body ended without an exception.)
+        if cancel_scope.__exit__(exc_type, error, tb) and cancel_scope.cancelled_caught:
             # Our own deadline fired. The frames the cancellation went through have all
             # returned, but anyio and asyncio keep the exception in a local of one of
             # them: a cycle with its own traceback that would hold the whole call (its

@@ -6,12 +6,12 @@ puts an absolute deadline on everything inside the block:
 
 - every call made through a stallproof client, transport or SDK face inside the block
   ends by the earliest enclosing deadline (its total is clipped to it), with
-  `DeadlineExceeded` naming the scope;
+  `DeadlineExceeded` naming the block;
 - anything else in the block that awaits (an SDK's own retry sleep, a tool) is cancelled
   when the deadline passes, like ``anyio.fail_after``, and the block raises
   `DeadlineExceeded` too.
 
-Nested scopes take the earliest deadline. The scope is carried in a context variable, so
+Nested blocks take the earliest deadline. The deadline is carried in a context variable, so
 it follows the task and what the task awaits, on asyncio and trio alike (tasks spawned
 inside the block inherit it, as they inherit any contextvar).
 
@@ -66,7 +66,7 @@ _current: contextvars.ContextVar[ActiveDeadline | None] = contextvars.ContextVar
 
 
 def current_deadline() -> ActiveDeadline | None:
-    """The earliest `deadline()` scope around the caller, or None."""
+    """The earliest `deadline()` block around the caller, or None."""
     return _current.get()
 
 
@@ -76,7 +76,7 @@ def deadline(seconds: float, *, name: str | None = None) -> Iterator[ActiveDeadl
 
     Args:
         seconds: the budget of the block, > 0.
-        name: what the scope is called in errors, spans and ``inflight()``
+        name: what the block is called in errors, spans and ``inflight()``
             (default ``"deadline(<seconds>s)"``).
 
     Raises:
@@ -118,14 +118,14 @@ def deadline(seconds: float, *, name: str | None = None) -> Iterator[ActiveDeadl
             _current.reset(token)
         return
     try:
-        with anyio.CancelScope(deadline=mine.when) as scope:
+        with anyio.CancelScope(deadline=mine.when) as cancel_scope:
             yield active
     finally:
         _current.reset(token)
-    if scope.cancelled_caught:
+    if cancel_scope.cancelled_caught:
         raise exc.DeadlineExceeded(
             limit=mine.seconds,
             elapsed=anyio.current_time() - mine.started,
-            phase="in the scope",
-            scope=mine.name,
+            phase="in the block",
+            name=mine.name,
         )

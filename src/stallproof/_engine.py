@@ -4,7 +4,7 @@ Every face of stallproof — its own `Client`, the httpx and httpx2 transports, 
 faces built on them — hands requests to an `Engine`, which:
 
 1. opens a `CallScope` (telemetry, in-flight registry entry; later the pacer permit and
-   the breaker ticket) and a total deadline, clipped by any enclosing `deadline()` scope;
+   the breaker ticket) and a total deadline, clipped by any enclosing `deadline()` block;
 2. refuses at once while the upstream's circuit is open, then waits for the pacer inside
    the deadline;
 3. makes attempts through its connection pool until one succeeds, retrying inside the
@@ -331,7 +331,7 @@ class Engine:
             agent=opts.agent if opts.agent is not None else tag_agent,
             labels={**tag_labels, **(opts.labels or {})},
             max_attempts=policy.attempts,
-            scope=current_deadline(),
+            enclosing=current_deadline(),
             method=out.method.decode("ascii", "replace"),
             url=out.url,
         )
@@ -397,7 +397,7 @@ class Engine:
                 raise  # what tenacity would do: nothing to decide, no budget drawn
             first = e
         try:
-            with scope.call.total_scope():
+            with scope.call.within_total():
                 return await self._retry(out, scope, policy, circuit, first)
         finally:
             del first  # no cycle through this frame's traceback
@@ -463,7 +463,7 @@ class Engine:
         call = scope.call
         call.start_attempt(n)
         if circuit is not None:
-            with call.total_scope():  # a shared circuit asks Redis: inside the deadline
+            with call.within_total():  # a shared circuit asks Redis: inside the deadline
                 await scope.admit(circuit)
         request = _pool_request(out, call, n, of, carrier)
         pool_response: httpcore2.Response | None = None

@@ -10,7 +10,7 @@ StallproofError
 │   ├── FirstTokenTimeout          no content within `first_token` of sending
 │   ├── IdleTimeout                no content event for `idle` mid-stream
 │   └── TotalTimeout               the call's whole budget (`total`) ran out
-│       ├── DeadlineExceeded       a `stallproof.deadline()` scope around the call ran out
+│       ├── DeadlineExceeded       a `stallproof.deadline()` block around the call ran out
 │       ├── RetryWouldExceedDeadline   the next retry's wait would not fit in the time left
 │       └── PacerTimeout           the deadline ran out (or was sure to) in the pacer queue
 ├── TransportError                 the connection failed underneath us
@@ -55,6 +55,7 @@ No message ever contains a header value, so API keys cannot leak through an exce
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import httpx2
@@ -277,27 +278,37 @@ class TotalTimeout(TimeoutException):
 
 
 class DeadlineExceeded(TotalTimeout):
-    """A `stallproof.deadline()` scope ran out: the call (or the block) had no time left.
+    """A `stallproof.deadline()` block ran out: the call (or the block) had no time left.
 
     Attributes:
-        scope: the scope's name (``deadline(name=...)``).
+        name: the block's name (``deadline(name=...)``).
 
-    ``limit`` is the scope's budget in seconds and ``elapsed`` the time since the scope
-    began when raised by the scope itself, or since the call began when raised by a call.
+    ``limit`` is the block's budget in seconds and ``elapsed`` the time since the block
+    began when raised by the block itself, or since the call began when raised by a call.
     """
 
     bound = "deadline"
 
-    def __init__(self, message: str | None = None, *, scope: str, **kwargs: Any) -> None:
+    def __init__(self, message: str | None = None, *, name: str, **kwargs: Any) -> None:
         if message is None:
             phase = kwargs.get("phase")
             where = f" while {phase}" if phase else ""
             message = (
-                f"deadline {scope!r} of {kwargs['limit']:g}s ran out after "
+                f"deadline {name!r} of {kwargs['limit']:g}s ran out after "
                 f"{kwargs['elapsed']:.3f}s{where}"
             )
         super().__init__(message, **kwargs)
-        self.scope = scope
+        self.name = name
+
+    @property
+    def scope(self) -> str:
+        """Deprecated: `name` (a deadline is a block; "scope" is the call's `CallScope`)."""
+        warnings.warn(
+            "DeadlineExceeded.scope is deprecated: use DeadlineExceeded.name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.name
 
 
 class RetryWouldExceedDeadline(TotalTimeout):

@@ -169,7 +169,7 @@ async def parse_body(
     try:
         if len(content) <= OFF_LOOP_BYTES:
             return _parse_then(content, convert)
-        with call.total_scope():
+        with call.within_total():
             return await anyio.to_thread.run_sync(
                 _parse_then, content, convert, abandon_on_cancel=True, limiter=_limiter()
             )

@@ -1,4 +1,4 @@
-"""`NativeScope`: an attempt's bound on asyncio's own cancellation, where anyio's costs more.
+"""`NativeCancelScope`: an attempt's bound on asyncio's own cancellation, where anyio's costs more.
 
 An attempt runs under one cancel scope whose deadline is the call's armed bound
 (`_call.Call.bounded`). On asyncio (Python 3.11+, where a task counts the cancellations
@@ -28,17 +28,17 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
-__all__ = ["NativeScope"]
+__all__ = ["NativeCancelScope"]
 
 # While another cancellation of the task is pending, how often a passed deadline looks
 # again (the task is unwinding: this lasts as long as its cleanup).
 _HELD_BACK = 0.005
 
 
-class NativeScope:
+class NativeCancelScope:
     """A cancel scope with a deadline on the loop's clock, for the running asyncio task.
 
-    The subset of ``anyio.CancelScope`` that `_call._TimeoutScope` uses: ``deadline``
+    The subset of ``anyio.CancelScope`` that `_call._Bounded` uses: ``deadline``
     (settable), ``cancel_called``, ``cancelled_caught``, and the ``with`` protocol.
     """
 
@@ -78,11 +78,11 @@ class NativeScope:
         """Whether the deadline passed and the task was cancelled for it."""
         return self._fired
 
-    def __enter__(self) -> NativeScope:
+    def __enter__(self) -> NativeCancelScope:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         if task is None:  # pragma: no cover - the engine always runs in a task
-            raise RuntimeError("NativeScope must be entered in a task")
+            raise RuntimeError("NativeCancelScope must be entered in a task")
         self._loop = loop
         self._task = task
         self._cancelling = task.cancelling()  # type: ignore[attr-defined]  # (3.11+)

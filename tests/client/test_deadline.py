@@ -37,7 +37,7 @@ async def test_a_scope_clips_every_call_inside_it(
     assert elapsed[0] < 1.0 + MARGIN
     error = info.value
     assert isinstance(error, stallproof.TotalTimeout)
-    assert error.scope == "plan step" and error.bound == "deadline" and error.limit == 1.0
+    assert error.name == "plan step" and error.bound == "deadline" and error.limit == 1.0
     assert "plan step" in str(error)
     assert stalled.inflight() == ()
 
@@ -50,7 +50,7 @@ async def test_the_scope_cancels_what_is_not_a_call() -> None:
     ):
         await anyio.sleep(10)  # an SDK's retry sleep, a tool...
     assert elapsed[0] < 0.3 + MARGIN
-    assert info.value.scope == "deadline(0.3s)"
+    assert info.value.name == "deadline(0.3s)"
 
 
 async def test_nested_scopes_take_the_earliest(fault_server: Any, make_client: MakeClient) -> None:
@@ -61,14 +61,14 @@ async def test_nested_scopes_take_the_earliest(fault_server: Any, make_client: M
         stallproof.deadline(5, name="inner"),
     ):
         await stalled.chat.completions.create(model="m", messages=MSGS)
-    assert info.value.scope == "outer"
+    assert info.value.name == "outer"
     with (
         pytest.raises(stallproof.DeadlineExceeded) as info,
         stallproof.deadline(5, name="outer"),
         stallproof.deadline(0.4, name="inner"),
     ):
         await stalled.chat.completions.create(model="m", messages=MSGS)
-    assert info.value.scope == "inner"
+    assert info.value.name == "inner"
 
 
 async def test_a_calls_own_total_still_applies_inside(

@@ -254,5 +254,5 @@ def test_exports_are_pinned_and_public() -> None:
         and issubclass(cls, stallproof.TimeoutException)
         and cls is not stallproof.TimeoutException
     }
-    # One class per bound of `Timeouts`, and one for a `deadline()` scope around the call.
+    # One class per bound of `Timeouts`, and one for a `deadline()` block around the call.
     assert bounds == {f.name for f in dataclasses.fields(stallproof.Timeouts)} | {"deadline"}

@@ -150,7 +150,7 @@ async def test_a_deadline_scope_bounds_sdk_calls(fault_server: Any) -> None:
         error = info.value
         # DeadlineExceeded is an openai.APITimeoutError itself; the SDK's own wraps it.
         cause = error if isinstance(error, stallproof.StallproofError) else error.__cause__
-        assert isinstance(cause, stallproof.DeadlineExceeded) and cause.scope == "agent step"
+        assert isinstance(cause, stallproof.DeadlineExceeded) and cause.name == "agent step"
         assert elapsed[0] <= 0.4 + MARGIN
         assert client.inflight() == ()
 

@@ -204,7 +204,7 @@ def test_a_sync_deadline_covers_two_calls(fault_server: Any, face: Any) -> None:
         ask(stalled, stream=False)
     assert elapsed[0] <= 1.0 + MARGIN
     cause = info.value.__cause__
-    assert isinstance(cause, stallproof.DeadlineExceeded) and cause.scope == "turn"
+    assert isinstance(cause, stallproof.DeadlineExceeded) and cause.name == "turn"
 
 
 def test_the_engine_retries_sync_calls_and_the_sdk_does_not(
@@ -265,7 +265,7 @@ def test_sync_and_async_deadlines_nest(fault_server: Any, face: Any) -> None:
         anyio.run(inner)
     assert elapsed[0] <= 0.5 + MARGIN
     cause = info.value.__cause__
-    assert isinstance(cause, stallproof.DeadlineExceeded) and cause.scope == "outer"
+    assert isinstance(cause, stallproof.DeadlineExceeded) and cause.name == "outer"
 
     # An async deadline outside, a sync call in a worker thread inside: the async one wins.
     async def outer() -> None:
@@ -276,7 +276,7 @@ def test_sync_and_async_deadlines_nest(fault_server: Any, face: Any) -> None:
         anyio.run(outer)
     # The worker thread cannot be cancelled: its call ends itself, at the async deadline.
     cause = info.value.__cause__
-    assert isinstance(cause, stallproof.DeadlineExceeded) and cause.scope == "async outer"
+    assert isinstance(cause, stallproof.DeadlineExceeded) and cause.name == "async outer"
     assert elapsed[0] <= 0.5 + MARGIN
 
 
@@ -305,7 +305,7 @@ def test_deadlines_in_and_around_asyncio_to_thread(fault_server: Any, face: Any)
         # same instant, and either way the caller learns which scope ran out.
         error = info.value
         cause = error if isinstance(error, stallproof.StallproofError) else error.__cause__
-        assert isinstance(cause, stallproof.DeadlineExceeded) and cause.scope == scope
+        assert isinstance(cause, stallproof.DeadlineExceeded) and cause.name == scope
         assert elapsed[0] <= 0.5 + MARGIN
         wait_until_sync(lambda: stalled.inflight() == (), what="the thread's call ended")
 

@@ -11,7 +11,7 @@ What crosses the thread boundary:
 
 - The caller's context. The task runs in a copy of the calling thread's `contextvars`
   (``contextvars.copy_context()``, in which the task is created): `stallproof.tag`, a
-  `stallproof.deadline()` scope and the OpenTelemetry current span reach the engine as
+  `stallproof.deadline()` block and the OpenTelemetry current span reach the engine as
   they do in async code. Only sniffio's variable is set anew ("asyncio", the loop's):
   a caller inside ``anyio.run(backend="trio")`` has "trio" there.
 - The result, or the error, through a ``concurrent.futures.Future``.

@@ -62,9 +62,9 @@ def send_limit(engine: Engine, out: Outgoing) -> float:
     `deadline()` around it) plus `GRACE`."""
     timeouts = out.options.timeouts if out.options.timeouts is not None else engine.timeout
     left = timeouts.total
-    scope = current_deadline()
-    if scope is not None:
-        left = min(left, scope.when_on(time.monotonic) - time.monotonic())
+    enclosing = current_deadline()
+    if enclosing is not None:
+        left = min(left, enclosing.when_on(time.monotonic) - time.monotonic())
     return max(left, 0.0) + GRACE
 
 

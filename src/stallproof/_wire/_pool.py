@@ -114,7 +114,7 @@ class _Waiter:
         self._task: Any = None  # trio: the parked task until it is woken or cancelled
 
     def wait(self) -> Awaitable[None]:
-        """Sleep until `wake` (cancellable: a scope around it ends the wait)."""
+        """Sleep until `wake` (cancellable: a cancel scope around it ends the wait)."""
         if sniffio.current_async_library() == "asyncio":
             self._future = future = asyncio.get_running_loop().create_future()
             return future  # awaited as it is: no coroutine of ours per waiting call
@@ -336,15 +336,15 @@ class Pool:
         self._waiting[waiter] = None
         # A bare cancel scope, not `anyio.fail_after` (two generators and their context
         # managers more per waiting call: thousands of calls may wait at once).
-        # No timeout: no scope (and no timer) at all; whatever encloses the call bounds it.
+        # No timeout: no cancel scope (and no timer) at all; whatever encloses the call bounds it.
         try:
             if timeout is None:
                 await waiter.wait()
                 timed_out = False
             else:
-                with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
+                with anyio.CancelScope(deadline=anyio.current_time() + timeout) as cancel_scope:
                     await waiter.wait()
-                timed_out = scope.cancelled_caught
+                timed_out = cancel_scope.cancelled_caught
         except BaseException:
             await self._leave(waiter)
             raise
