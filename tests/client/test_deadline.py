@@ -42,7 +42,7 @@ async def test_a_scope_clips_every_call_inside_it(
     assert stalled.inflight() == ()
 
 
-async def test_the_scope_cancels_what_is_not_a_call() -> None:
+async def test_the_block_cancels_what_is_not_a_call() -> None:
     with (
         stopwatch() as elapsed,
         pytest.raises(stallproof.DeadlineExceeded) as info,
@@ -161,3 +161,9 @@ async def test_an_async_deadline_keeps_its_own_clock(fault_server: Any) -> None:
     with stallproof.deadline(3) as scope:
         # On its own loop's clock it is read as set (a MockClock's virtual time included).
         assert scope.when_on(loop_clock()) == scope.when
+
+
+def test_the_old_name_of_the_deadlines_name_still_reads_with_a_warning() -> None:
+    error = stallproof.DeadlineExceeded(limit=1.0, elapsed=1.0, name="plan step")
+    with pytest.warns(DeprecationWarning, match="DeadlineExceeded.name"):
+        assert error.scope == "plan step"
