@@ -181,17 +181,24 @@ def test_live_top_redraws_every_interval_and_quits_on_ctrl_c(
     (worker,) = start_calls(inflight_workers, _job(fault_server, redis_server, redis_prefix))
     wait_for_fleet(redis_server.url, redis_prefix, lambda s: len(s.calls) == 7)
     master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "stallproof", "top", "--redis", redis_server.url),
-            *("--prefix", redis_prefix, "--interval", "0.5", "--op-timeout", "1"),
-        ],
-        stdout=slave,
-        stderr=subprocess.PIPE,
-        text=True,
-        # A hang on the way out shows where it is: SIGABRT makes faulthandler dump it.
-        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-    )
+    # Started as a terminal's shell starts it, with SIGINT not ignored: a background job's
+    # children (CI's, when it runs the suite as one) inherit SIGINT ignored, and top would
+    # rightly keep ignoring it. A caught signal is reset to its default by exec.
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "stallproof", "top", "--redis", redis_server.url),
+                *("--prefix", redis_prefix, "--interval", "0.5", "--op-timeout", "1"),
+            ],
+            stdout=slave,
+            stderr=subprocess.PIPE,
+            text=True,
+            # A hang on the way out shows where it is: SIGABRT makes faulthandler dump it.
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        )
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     os.close(slave)
     out = b""
     drain: threading.Thread | None = None
@@ -213,9 +220,13 @@ def test_live_top_redraws_every_interval_and_quits_on_ctrl_c(
         try:
             _, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
+            with open(f"/proc/{proc.pid}/status") as f:
+                status = [line for line in f if line.startswith(("SigBlk", "SigIgn"))]
             proc.send_signal(signal.SIGABRT)
             _, err = proc.communicate(timeout=10)
-            raise AssertionError(f"top did not quit on SIGINT within 10 s:\n{err}") from None
+            raise AssertionError(
+                f"top did not quit on SIGINT within 10 s: {status}\n{err}"
+            ) from None
         quit_after = time.monotonic() - sent
     finally:
         if proc.poll() is None:
