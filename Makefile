@@ -60,7 +60,7 @@ test: $(STAMP)
 	$(PYTEST) -n $(WORKERS) --dist worksteal
 
 ## The loop for local work (under a minute): everything but the tests marked `slow`. Its
-## time is mostly deadlines waiting, so more workers than `test` uses.
+## time is mostly deadlines waiting, so as many workers as `test` uses.
 QUICK_WORKERS ?= 8
 test-quick: $(STAMP)
 	$(PYTEST) -n $(QUICK_WORKERS) --dist worksteal -m "not slow and not frameworks"

@@ -4,8 +4,9 @@ The journal is filled to its 100,000 requests (half of them under one key) and t
 to 100,000 keys directly through the server's state (a real client would need minutes to
 make that many requests); then a healthy client keeps asking while the heaviest control
 queries run, and none of its requests may wait more than 100 ms longer than the slowest of
-them waited over a quiet second just before (what the machine's own load costs: a busy
-runner delays any request; the freeze this guards against cost 2-5 s).
+them waited over a quiet second just before or just after (what the machine's own load
+costs: a busy runner delays any request, and its spikes come when they come; the freeze
+this guards against cost 2-5 s).
 """
 
 from __future__ import annotations
@@ -110,19 +111,21 @@ def test_a_control_query_never_stalls_a_healthy_request(full: ServerThread, quer
     prober.start()
     try:
         prober.warm()
-        quiet = prober.baseline()
+        before = prober.baseline()
         with httpx.Client(timeout=30) as client:
             for _ in range(2):
                 response = client.get(f"{full.base_url}/_fault/{query}")
                 assert response.status_code == 200, response.text
+        during = prober.slowest
+        quiet = max(before, prober.baseline())  # the machine's own spikes, either side
     finally:
         prober.stop()
     if query.startswith("verdict"):
         assert response.json()["attempts"] > 49_000  # the prober's own requests push some out.
     if query == "stats":
         assert len(response.json()["keys"]) == MAX_KEYS
-    assert prober.slowest < quiet + STALL_BOUND, (
-        f"a healthy request waited {prober.slowest:.3f} s ({quiet:.3f} s with no query)"
+    assert during < quiet + STALL_BOUND, (
+        f"a healthy request waited {during:.3f} s ({quiet:.3f} s with no query)"
     )
 
 
@@ -136,15 +139,17 @@ def test_forgetting_a_big_key_never_stalls_a_healthy_request() -> None:
         prober.start()
         try:
             prober.warm()
-            quiet = prober.baseline()
+            before = prober.baseline()
             response = httpx.post(
                 f"{srv.base_url}/_fault/forget",
                 json={"key": BIG_KEY},
                 timeout=30,
             )
+            during = prober.slowest
+            quiet = max(before, prober.baseline())  # the machine's own spikes, either side
         finally:
             prober.stop()
         assert response.json()["forgot"]["requests"] == 50_000
-        assert prober.slowest < quiet + STALL_BOUND, (
-            f"a healthy request waited {prober.slowest:.3f} s ({quiet:.3f} s with no query)"
+        assert during < quiet + STALL_BOUND, (
+            f"a healthy request waited {during:.3f} s ({quiet:.3f} s with no query)"
         )
