@@ -45,10 +45,12 @@ demo: $(STAMP)
 	$(BIN)/python scripts/proof_demo.py
 
 # pytest-xdist workers. Most of the suite's time is real deadlines waiting, which overlap, so
-# four per core of a 2-core runner (measured with two busy loops holding both cores,
-# scripts/stress_tests.py: 4 workers ~270 s, 6 ~163 s, 8 ~150 s); each worker starts its own
-# session fault server. The margins hold with both cores busy besides.
-WORKERS ?= 8
+# two per core of a 2-core runner; each worker starts its own session fault server. The
+# margins hold with both cores busy besides (scripts/stress_tests.py). More workers are
+# faster (two busy loops: 4 workers ~230-270 s, 6 ~163 s, 8 147-169 s) but oversubscribe the
+# cores, and then a timing test's process can wait half a second for one: `make test
+# WORKERS=8` on a machine of your own, 4 where the margins must hold.
+WORKERS ?= 4
 
 # The suite keeps compiled modules (and pytest's rewritten test modules) in __pycache__,
 # even where the environment sets PYTHONDONTWRITEBYTECODE: without them every worker, and
@@ -60,8 +62,8 @@ test: $(STAMP)
 	$(PYTEST) -n $(WORKERS) --dist worksteal
 
 ## The loop for local work (under a minute): everything but the tests marked `slow`. Its
-## time is mostly deadlines waiting, so as many workers as `test` uses.
-QUICK_WORKERS ?= 8
+## time is mostly deadlines waiting, so more workers than `test` uses.
+QUICK_WORKERS ?= 6
 test-quick: $(STAMP)
 	$(PYTEST) -n $(QUICK_WORKERS) --dist worksteal -m "not slow and not frameworks"
 

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_server_errors")]
 BIG_KEY = "big"
 # How much longer than the machine's own spikes a healthy request may wait while a control
 # query runs. Issue 23's bound was 0.1 s, which held with four suite workers and two busy
-# loops on 2 cores; with the suite's eight workers each process gets a fifth of a core, and
+# loops on 2 cores; with eight suite workers each process gets a fifth of a core, and
 # the query's thread and the serving loop share the GIL: 0.12-0.2 s was seen. Still far
 # from the 2-5 s freeze this guards against.
 STALL_BOUND = 0.25
