@@ -61,6 +61,9 @@ class SentClock:
 
     def __init__(self, sdk_client: Any) -> None:
         self.sent: float | None = None
+        #: When the caller last got an event of a stream (`saw`): where idle has begun, at
+        #: the latest (it starts at the last content event).
+        self.last_event: float | None = None
         is_async = hasattr(sdk_client._client, "aclose")  # a sync client's hooks are sync
         hook = self._mark if is_async else self._mark_sync
         sdk_client._client.event_hooks = {"request": [hook], "response": []}
@@ -74,3 +77,16 @@ class SentClock:
     def elapsed(self) -> float:
         assert self.sent is not None, "no request was sent"
         return time.monotonic() - self.sent
+
+    def saw(self) -> None:
+        """The caller got a stream event now."""
+        self.last_event = time.monotonic()
+
+    def in_bound(self, outcome: str) -> float:
+        """Seconds from where the bound behind ``outcome`` began, as far as the caller can
+        tell: idle from the last event it got, any other from the send. (From the send,
+        idle would count the connect and the events before the last: a starved test
+        process spends up to half a second there.)"""
+        if outcome.endswith("/IdleTimeout") and self.last_event is not None:
+            return time.monotonic() - self.last_event
+        return self.elapsed()
