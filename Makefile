@@ -47,9 +47,9 @@ demo: $(STAMP)
 # pytest-xdist workers. Most of the suite's time is real deadlines waiting, which overlap, so
 # two per core of a 2-core runner; each worker starts its own session fault server. The
 # margins hold with both cores busy besides (scripts/stress_tests.py). More workers are
-# faster (two busy loops: 4 workers ~230-270 s, 6 ~163 s, 8 147-169 s) but oversubscribe the
-# cores, and then a timing test's process can wait half a second for one: `make test
-# WORKERS=8` on a machine of your own, 4 where the margins must hold.
+# faster (two busy loops: 4 workers 271 s when last measured, 6 ~163 s, 8 147-169 s) but
+# oversubscribe the cores, and then a timing test's process can wait half a second for
+# one: `make test WORKERS=8` on a machine of your own, 4 where the margins must hold.
 WORKERS ?= 4
 
 # The suite keeps compiled modules (and pytest's rewritten test modules) in __pycache__,
