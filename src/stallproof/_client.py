@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import httpx
 import httpx2
@@ -17,7 +17,7 @@ from . import _exceptions as exc
 from ._breaker import CircuitState
 from ._completions import Beta, Chat
 from ._config import UNSET, Limits, Timeouts, TimeoutTypes, Unset
-from ._engine import CallOptions, Engine, Incoming
+from ._engine import CallOptions, Engine, Incoming, Outgoing
 from ._faces._compat import timeouts_from
 from ._inflight import InflightCall
 from ._pacer import PacerState
@@ -253,10 +253,10 @@ class Client:
 
     # -- the one place a request is made -------------------------------------------------
 
-    async def _send(
+    def _outgoing(
         self, method: bytes, path: str, body: dict[str, Any] | None, opts: PerCall, *, stream: bool
-    ) -> Incoming:
-        """Send one call through the engine; a non-2xx answer is raised (body released)."""
+    ) -> Outgoing:
+        """The request the engine sends for one call of this client."""
         options = CallOptions(
             timeouts=self._resolve_timeouts(opts.timeout),
             retry=opts.retry,  # UNSET: the engine's, which is this client's
@@ -270,10 +270,15 @@ class Client:
         out = s.outgoing(method, path, body, options, stream=stream)
         s.add_headers(out, opts.extra_headers)
         s.add_query(out, opts.extra_query)
-        incoming = await self._engine.send(out)
+        return out
+
+    async def _send(
+        self, method: bytes, path: str, body: dict[str, Any] | None, opts: PerCall, *, stream: bool
+    ) -> Incoming:
+        """Send one call through the engine; a non-2xx answer is raised (body released)."""
+        incoming = await self._engine.send(self._outgoing(method, path, body, opts, stream=stream))
         if incoming.error is not None:
-            await incoming.body.aclose()
-            raise incoming.error
+            await _raise_status(incoming)
         return incoming
 
     def _resolve_timeouts(self, timeout: object) -> Timeouts:
@@ -282,7 +287,19 @@ class Client:
         return timeouts_from(timeout, self._settings.timeout)
 
     async def _run(self, prepared: Prepared[R]) -> R:
-        incoming = await self._send(
-            prepared.method, prepared.path, prepared.body, prepared.opts, stream=prepared.stream
+        # `_send`, with the engine awaited from here: a call stalled in flight holds one
+        # coroutine less (thousands may be in flight; docs/pool.md).
+        p = prepared
+        incoming = await self._engine.send(
+            self._outgoing(p.method, p.path, p.body, p.opts, stream=p.stream)
         )
+        if incoming.error is not None:
+            await _raise_status(incoming)
         return await prepared.convert(incoming)
+
+
+async def _raise_status(incoming: Incoming) -> NoReturn:
+    """A non-2xx answer, as its `APIStatusError`, its body released first."""
+    assert incoming.error is not None
+    await incoming.body.aclose()
+    raise incoming.error

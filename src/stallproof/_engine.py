@@ -21,9 +21,12 @@ faces that raise it themselves.
 The layers, one concern each (httpx's ``send → _send_handling_auth → ...``), none longer
 than a screen: `send` owns the call (`_open_call` makes its state, `_prepare_headers` what
 every attempt sends), `_follow` its redirects (each hop inside the one deadline, at most
-``Limits.max_redirects``: see `stallproof._redirects`), `_attempts` the retry loop,
-`_attempt` one request (`_pool_request` builds it, `_head` reads the answer's head,
-`_error_body` a non-2xx answer), `_read_whole` a body.
+``Limits.max_redirects``: see `stallproof._redirects`) and each hop's first attempt,
+`_retry` the retry loop after a retryable failure, `_attempt` one request in its span
+(`_pool_request` builds it, `_answer` reads what came back: `_head` the head,
+`_error_body` a non-2xx answer, `_read_whole` a body). What a call stalled in flight holds
+is counted: thousands may be, and the garbage collector walks every coroutine of each
+(docs/pool.md), so a layer that only wraps an await is folded into its caller.
 """
 
 from __future__ import annotations
@@ -357,12 +360,36 @@ class Engine:
         Every hop runs inside the call's one deadline, pacer permit and span; the call
         fails with `TooManyRedirects` past ``Limits.max_redirects``. A face's HTTP client
         is never handed a redirect, so it never follows one with a fresh deadline.
+
+        Each hop's first attempt runs on its own, under the one scope that bounds it
+        (`bounded`: total and its phase bounds): most calls succeed at once, and
+        tenacity's machinery (its loop, its state, closures per call) and the total scope
+        around retries and their waits are built only when a failure may be retried
+        (`_retry`). The attempt is awaited from here, not from a layer of its own: a
+        call stalled in flight holds one coroutine less for the garbage collector to walk
+        (thousands may be in flight).
         """
         call = scope.call
         limit = self.limits.max_redirects
         hops = 0
         while True:
-            incoming = await self._attempts(out, scope, policy, circuit)
+            first: BaseException | None = None
+            try:
+                incoming = await self._attempt(out, scope, circuit, 1, policy.attempts)
+            except BaseException as e:
+                # (Kept only until the retry loop takes it: an error a frame of its own
+                # traceback holds is a cycle.)
+                if policy.attempts == 1 or not policy.retryable(
+                    e.error if isinstance(e, _StatusFailure) else e
+                ):
+                    raise  # what tenacity would do: nothing to decide, no budget drawn
+                first = e
+            if first is not None:
+                try:
+                    with call.within_total():
+                        incoming = await self._retry(out, scope, policy, circuit, first)
+                finally:
+                    del first  # no cycle through this frame's traceback
             location = redirect_location(incoming.status, incoming.headers)
             if location is None:
                 return incoming
@@ -374,33 +401,6 @@ class Engine:
                 )
             hops += 1
             out = _redirected(out, incoming.status, location, call)
-
-    async def _attempts(
-        self, out: Outgoing, scope: CallScope, policy: Retry, circuit: Circuit | None
-    ) -> Incoming:
-        """The retry loop: attempts until one succeeds, all inside the total deadline.
-
-        The first attempt runs on its own, under the one scope that bounds it (`bounded`:
-        total and its phase bounds): most calls succeed at once, and tenacity's machinery
-        (its loop, its state, closures per call) and the total scope around retries and
-        their waits are built only when a failure may be retried. A non-2xx answer goes
-        through the loop as its `APIStatusError` (the policy decides on those); when the
-        loop gives up on one, the response itself goes back to `send`.
-        """
-        try:
-            return await self._spanned_attempt(out, scope, circuit, 1, policy.attempts)
-        except BaseException as e:
-            # (No local keeps the error: it would make a cycle with its traceback.)
-            if policy.attempts == 1 or not policy.retryable(
-                e.error if isinstance(e, _StatusFailure) else e
-            ):
-                raise  # what tenacity would do: nothing to decide, no budget drawn
-            first = e
-        try:
-            with scope.call.within_total():
-                return await self._retry(out, scope, policy, circuit, first)
-        finally:
-            del first  # no cycle through this frame's traceback
 
     async def _retry(
         self,
@@ -428,7 +428,7 @@ class Engine:
                     try:
                         if n == 1:
                             raise first
-                        return await self._spanned_attempt(out, scope, circuit, n, policy.attempts)
+                        return await self._attempt(out, scope, circuit, n, policy.attempts)
                     except _StatusFailure as failure:
                         last = failure
                         raise failure.error from None
@@ -440,69 +440,68 @@ class Engine:
             del last, retrying, first  # no cycle through this frame's traceback
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
-    async def _spanned_attempt(
+    async def _attempt(
         self, out: Outgoing, scope: CallScope, circuit: Circuit | None, n: int, of: int
     ) -> Incoming:
+        """One request in its span: send, check the status, read the body or the stream's
+        first content (`_answer`)."""
+        call = scope.call
+        call.start_attempt(n)
         telemetry = scope.telemetry
         carrier, token = telemetry.enter_attempt(n, out.url)
         try:
-            return await self._attempt(out, scope, circuit, n, of, carrier)
+            if circuit is not None:
+                with call.within_total():  # a shared circuit asks Redis: inside the deadline
+                    await scope.admit(circuit)
+            request = _pool_request(out, call, n, of, carrier)
+            pool_response: httpcore2.Response | None = None
+            try:
+                with call.bounded(native=self._native_bounds):
+                    pool_response = await self.pool.send(request)
+                    status, headers, body = await self._answer(scope, pool_response)
+            except _StatusFailure as failure:
+                scope.attempt_ended(failure.error, failure.error.status_code)
+                await _release(pool_response)
+                raise
+            except BaseException as e:
+                scope.attempt_ended(e)
+                await _release(pool_response)
+                raise
+            if not body.is_stream:
+                await self._close_read(pool_response)
+            scope.attempt_ended(None, status)
+            return Incoming(status, headers, _extensions(pool_response), body, call)
         finally:
             telemetry.exit_attempt(token)
 
-    async def _attempt(
-        self,
-        out: Outgoing,
-        scope: CallScope,
-        circuit: Circuit | None,
-        n: int,
-        of: int,
-        carrier: Mapping[str, str],
-    ) -> Incoming:
-        """One request: send, check the status, read the body or the stream's first content."""
+    async def _answer(
+        self, scope: CallScope, pool_response: httpcore2.Response
+    ) -> tuple[int, list[tuple[bytes, bytes]], ResponseBody]:
+        """What came back, inside the attempt's bounds: an error body read (capped), an
+        event stream read up to its first content (discarded here if that fails), or a
+        whole body."""
         call = scope.call
-        call.start_attempt(n)
-        if circuit is not None:
-            with call.within_total():  # a shared circuit asks Redis: inside the deadline
-                await scope.admit(circuit)
-        request = _pool_request(out, call, n, of, carrier)
-        pool_response: httpcore2.Response | None = None
-        stream: ResponseBody | None = None
-        try:
-            with call.bounded(native=self._native_bounds):
-                pool_response = await self.pool.send(request)
-                status, headers, decoder = self._head(call, pool_response)
-                if status >= 300:
-                    body = await self._error_body(scope, pool_response, headers, decoder)
-                elif call.stream and _is_event_stream(pool_response.headers):
-                    # An event stream is read as one only when one was asked for: an
-                    # answer that streams to a plain request is a whole body, bounded by
-                    # total.
-                    stream = ResponseBody(
-                        scope, self.limits, pool_response=pool_response, decoder=decoder
-                    )
-                    await stream.prefetch()
-                    body = stream
-                else:
-                    content = await self._read_whole(pool_response, call, decoder, error=False)
-                    body = ResponseBody(
-                        scope,
-                        self.limits,
-                        content=content,
-                        parse_outcome=_parse_outcome if self._wants_outcome else None,
-                    )
-        except _StatusFailure as failure:
-            scope.attempt_ended(failure.error, failure.error.status_code)
-            await _release(pool_response, stream)
-            raise
-        except BaseException as e:
-            scope.attempt_ended(e)
-            await _release(pool_response, stream)
-            raise
-        if stream is None:
-            await self._close_read(pool_response)
-        scope.attempt_ended(None, status)
-        return Incoming(status, headers, _extensions(pool_response), body, call)
+        status, headers, decoder = self._head(call, pool_response)
+        if status >= 300:
+            body = await self._error_body(scope, pool_response, headers, decoder)
+        elif call.stream and _is_event_stream(pool_response.headers):
+            # An event stream is read as one only when one was asked for: an answer that
+            # streams to a plain request is a whole body, bounded by total.
+            body = ResponseBody(scope, self.limits, pool_response=pool_response, decoder=decoder)
+            try:
+                await body.prefetch()
+            except BaseException:
+                await body.discard()  # its iterator and connection; the call goes on
+                raise
+        else:
+            content = await self._read_whole(pool_response, call, decoder, error=False)
+            body = ResponseBody(
+                scope,
+                self.limits,
+                content=content,
+                parse_outcome=_parse_outcome if self._wants_outcome else None,
+            )
+        return status, headers, body
 
     def _head(
         self, call: Call, pool_response: httpcore2.Response
@@ -653,11 +652,11 @@ class Engine:
         return retry
 
 
-async def _release(pool_response: httpcore2.Response | None, stream: ResponseBody | None) -> None:
-    """Give an attempt's connection back (its body was read whole, or the attempt failed)."""
-    if stream is not None:
-        await stream.discard()
-    elif pool_response is not None:
+async def _release(pool_response: httpcore2.Response | None) -> None:
+    """Give a failed attempt's connection back. (A stream `_answer` made is discarded
+    there first; closing its response again is a no-op: every pool's response closes
+    once.)"""
+    if pool_response is not None:
         await close_pool_response(pool_response)
 
 
