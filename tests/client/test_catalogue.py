@@ -16,7 +16,7 @@ import fault_server
 import stallproof
 
 from ..support.clients import MakeClient, assert_pool_clean, warm
-from ..support.sdk_catalogue import BUDGET, LIMITS, OK, PARAMS, TOOL_FAULTS, TOOLS
+from ..support.sdk_catalogue import LIMITS, OK, PARAMS, TOOL_FAULTS, TOOLS, budget_for
 from ..support.timing import MARGIN, SentClock
 
 # Breadth over the whole catalogue: `make test` runs it, the quick loop leaves it out.
@@ -81,14 +81,15 @@ def test_every_request_fault_has_a_pinned_outcome() -> None:
 async def test_client_against_the_catalogue(
     fault: str, stream: bool, fault_server: Any, fault_scope: Any, make_client: MakeClient
 ) -> None:
-    client = make_client(fault_server.url(), timeout=BUDGET, limits=LIMITS)
+    budget = budget_for(EXPECTED[fault][stream])
+    client = make_client(fault_server.url(), timeout=budget, limits=LIMITS)
     # On a warm connection the request goes out as the engine takes the call: first_token,
     # which starts when the request is sent, is then measured from its start too.
     await warm(client)
     extra: dict[str, Any] = {"tools": TOOLS} if fault in TOOL_FAULTS else {}
     extra["extra_headers"] = fault_scope.headers(fault, hold=10, **PARAMS.get(fault, {}))
     outcome = OK
-    limit = BUDGET.total
+    limit = budget.total
     clock = SentClock(client)
     try:
         r = await client.chat.completions.create(

@@ -20,7 +20,16 @@ import stallproof
 import stallproof.anthropic
 
 from ..support.clients import KEY, sdk_pool_held
-from ..support.sdk_catalogue import BUDGET, LIMITS, OK, PARAMS, TOOL_FAULTS, C, T
+from ..support.sdk_catalogue import (
+    BUDGET,
+    LIMITS,
+    OK,
+    PARAMS,
+    TOOL_FAULTS,
+    C,
+    T,
+    budget_for,
+)
 from ..support.timing import MARGIN, SentClock
 
 pytestmark = [
@@ -156,13 +165,15 @@ def test_every_request_fault_has_a_pinned_outcome() -> None:
 async def test_anthropic_sdk_against_the_catalogue(
     fault: str, stream: bool, fault_server: Any, claude: Any
 ) -> None:
-    client = claude(fault_server.url(fault, hold=10, **FAULT_PARAMS.get(fault, {})))
-    outcome, limit = OK, BUDGET.total
+    budget = budget_for(EXPECTED[fault][stream])
+    url = fault_server.url(fault, hold=10, **FAULT_PARAMS.get(fault, {}))
+    client = claude(url, timeout=budget)
+    outcome, limit = OK, budget.total
     clock = SentClock(client)
     try:
         await ask_claude(client, stream=stream, tools=fault in TOOL_FAULTS, clock=clock)
     except Exception as e:
-        outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
+        outcome, limit = outcome_of(e), limit_of(e, budget.total)
     elapsed = clock.in_bound(outcome)
     assert outcome == EXPECTED[fault][stream]
     assert elapsed <= limit + MARGIN

@@ -21,7 +21,7 @@ import stallproof.anthropic
 import stallproof.openai
 
 from ..support.clients import KEY, sdk_pool_held
-from ..support.sdk_catalogue import BUDGET, LIMITS, OK, T, limit_of, outcome_of
+from ..support.sdk_catalogue import LIMITS, OK, T, budget_for, limit_of, outcome_of
 from ..support.timing import MARGIN, SentClock
 
 # Breadth over the whole catalogue: `make test` runs it, the quick loop leaves it out.
@@ -62,10 +62,11 @@ async def test_responses_against_the_stall_faults(
     fault: str, stream: bool, fault_server: Any
 ) -> None:
     url = fault_server.url(fault, hold=10, **FAULT_PARAMS.get(fault, {}))
+    budget = budget_for(EXPECTED[fault][stream])
     client = stallproof.openai.AsyncOpenAI(
-        api_key=KEY, base_url=url, timeout=BUDGET, limits=LIMITS, retry=None
+        api_key=KEY, base_url=url, timeout=budget, limits=LIMITS, retry=None
     )
-    outcome, limit = OK, BUDGET.total
+    outcome, limit = OK, budget.total
     clock = SentClock(client)
     async with client:
         try:
@@ -75,10 +76,10 @@ async def test_responses_against_the_stall_faults(
                 async for _ in r:
                     clock.saw()
         except Exception as e:
-            outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
+            outcome, limit = outcome_of(e), limit_of(e, budget.total)
         in_bound, elapsed = clock.in_bound(outcome), clock.elapsed()
         assert outcome == EXPECTED[fault][stream]
-        assert elapsed <= BUDGET.total + MARGIN
+        assert elapsed <= budget.total + MARGIN
         # idle from the last event the caller got (it starts at the last content event, at
         # the latest that one); first_token and read from the engine taking the call.
         assert in_bound <= limit + MARGIN

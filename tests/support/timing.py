@@ -62,12 +62,14 @@ class SentClock:
     """Seconds since stallproof's engine took a client's call: where its bounds start.
 
     Marks when `Engine.send` is entered, before it runs a line: the engine opens the call
-    (its start, and the total deadline counted from it) a few argument checks later, with
-    no await between. Not the SDK's ``request`` event hook, nor the transport's entry: on
-    a starved process the SDK and httpx may hold a request there for half a second before
-    the engine gets it, and a sync transport hands it to the engine loop's thread. A mark
-    later than `Engine.send`'s entry could hide lateness; this one is at most the engine's
-    own checks early, so a bound measured from it is measured from its start or before.
+    (its start, and the total deadline counted from it) a few checks later (the body's
+    JSON peeked, the headers checked), with no await between. Not where the SDK starts
+    (its first call looks up the platform in a thread), nor its ``request`` event hook,
+    nor the transport's entry: on a starved process the SDK and httpx may hold a request
+    there for half a second before the engine gets it, and a sync transport hands it to
+    the engine loop's thread. A mark later than `Engine.send`'s entry could hide lateness;
+    this one is only those checks early, so a bound read from it is read from its start
+    or before (tests/integrations/test_sent_clock.py checks both sides).
 
     ``client``: an SDK client (openai's, anthropic's: sync or async, stallproof's faces or
     the SDK over ``stallproof.http_client*``), an httpx/httpx2 client over a stallproof
