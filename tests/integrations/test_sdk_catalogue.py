@@ -39,6 +39,7 @@ from ..support.sdk_catalogue import (
     T,
     budget_for,
     limit_of,
+    named_error,
     outcome_of,
 )
 from ..support.timing import MARGIN, SentClock
@@ -133,7 +134,7 @@ async def test_openai_sdk_against_the_catalogue(
     budget = budget_for(expected[stream])
     client = openai_client(kind, url, timeout=budget)
     extra: dict[str, Any] = {"tools": TOOLS} if fault in TOOL_FAULTS else {}
-    outcome, limit = OK, budget.total
+    outcome, limit, error = OK, budget.total, None
     clock = SentClock(client)
     async with client:
         try:
@@ -145,7 +146,8 @@ async def test_openai_sdk_against_the_catalogue(
                 async for _ in r:
                     clock.saw()
         except Exception as e:
-            outcome, limit = outcome_of(e), limit_of(e, budget.total)
+            outcome, limit, error = outcome_of(e), limit_of(e, budget.total), e
+        in_bound = clock.in_bound(outcome)
         assert outcome == expected[stream]
-        assert clock.in_bound(outcome) <= limit + MARGIN
+        assert in_bound <= limit + MARGIN, (in_bound, repr(named_error(error)))
         assert sdk_pool_held(client) == {"requests": 0, "active": 0}

@@ -29,6 +29,7 @@ from ..support.sdk_catalogue import (
     C,
     T,
     budget_for,
+    named_error,
 )
 from ..support.timing import MARGIN, SentClock
 
@@ -168,15 +169,15 @@ async def test_anthropic_sdk_against_the_catalogue(
     budget = budget_for(EXPECTED[fault][stream])
     url = fault_server.url(fault, hold=10, **FAULT_PARAMS.get(fault, {}))
     client = claude(url, timeout=budget)
-    outcome, limit = OK, budget.total
+    outcome, limit, error = OK, budget.total, None
     clock = SentClock(client)
     try:
         await ask_claude(client, stream=stream, tools=fault in TOOL_FAULTS, clock=clock)
     except Exception as e:
-        outcome, limit = outcome_of(e), limit_of(e, budget.total)
+        outcome, limit, error = outcome_of(e), limit_of(e, budget.total), e
     elapsed = clock.in_bound(outcome)
     assert outcome == EXPECTED[fault][stream]
-    assert elapsed <= limit + MARGIN
+    assert elapsed <= limit + MARGIN, (elapsed, repr(named_error(error)))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])

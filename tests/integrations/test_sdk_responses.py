@@ -21,7 +21,7 @@ import stallproof.anthropic
 import stallproof.openai
 
 from ..support.clients import KEY, sdk_pool_held
-from ..support.sdk_catalogue import LIMITS, OK, T, budget_for, limit_of, outcome_of
+from ..support.sdk_catalogue import LIMITS, OK, T, budget_for, limit_of, named_error, outcome_of
 from ..support.timing import MARGIN, SentClock
 
 # Breadth over the whole catalogue: `make test` runs it, the quick loop leaves it out.
@@ -66,7 +66,7 @@ async def test_responses_against_the_stall_faults(
     client = stallproof.openai.AsyncOpenAI(
         api_key=KEY, base_url=url, timeout=budget, limits=LIMITS, retry=None
     )
-    outcome, limit = OK, budget.total
+    outcome, limit, error = OK, budget.total, None
     clock = SentClock(client)
     async with client:
         try:
@@ -76,13 +76,13 @@ async def test_responses_against_the_stall_faults(
                 async for _ in r:
                     clock.saw()
         except Exception as e:
-            outcome, limit = outcome_of(e), limit_of(e, budget.total)
+            outcome, limit, error = outcome_of(e), limit_of(e, budget.total), e
         in_bound, elapsed = clock.in_bound(outcome), clock.elapsed()
         assert outcome == EXPECTED[fault][stream]
         assert elapsed <= budget.total + MARGIN
         # idle from the last event the caller got (it starts at the last content event, at
         # the latest that one); first_token and read from the engine taking the call.
-        assert in_bound <= limit + MARGIN
+        assert in_bound <= limit + MARGIN, (in_bound, repr(named_error(error)))
         assert sdk_pool_held(client) == {"requests": 0, "active": 0}
 
 

@@ -64,8 +64,17 @@ def outcome_of(error: BaseException) -> str:
     return f"{type(error).__name__}/{named}"
 
 
+def named_error(error: BaseException | None) -> BaseException | None:
+    """The stallproof error that ended a call: ``error`` itself, or its cause. Its repr in
+    a timing assertion's message says what the engine measured (its ``elapsed``), so a
+    late reading tells the engine's time from the caller's."""
+    if error is None or isinstance(error, stallproof.StallproofError):
+        return error
+    return error.__cause__
+
+
 def limit_of(error: BaseException, default: float) -> float:
-    named = error if isinstance(error, stallproof.StallproofError) else error.__cause__
+    named = named_error(error)
     return named.limit if isinstance(named, stallproof.TimeoutException) else default
 
 
