@@ -37,7 +37,9 @@ from ..support.sdk_catalogue import (
     TOOLS,
     C,
     T,
+    budget_for,
     limit_of,
+    named_error,
     outcome_of,
 )
 from ..support.timing import MARGIN, SentClock
@@ -128,9 +130,11 @@ async def test_openai_sdk_against_the_catalogue(
     fault: str, stream: bool, kind: str, fault_server: Any
 ) -> None:
     url = fault_server.url(fault, hold=10, **PARAMS.get(fault, {}))
-    client = openai_client(kind, url)
+    expected = LEGACY.get(fault, EXPECTED[fault]) if kind == "legacy" else EXPECTED[fault]
+    budget = budget_for(expected[stream])
+    client = openai_client(kind, url, timeout=budget)
     extra: dict[str, Any] = {"tools": TOOLS} if fault in TOOL_FAULTS else {}
-    outcome, limit = OK, BUDGET.total
+    outcome, limit, error = OK, budget.total, None
     clock = SentClock(client)
     async with client:
         try:
@@ -142,8 +146,8 @@ async def test_openai_sdk_against_the_catalogue(
                 async for _ in r:
                     clock.saw()
         except Exception as e:
-            outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
-        expected = LEGACY.get(fault, EXPECTED[fault]) if kind == "legacy" else EXPECTED[fault]
+            outcome, limit, error = outcome_of(e), limit_of(e, budget.total), e
+        in_bound = clock.in_bound(outcome)
         assert outcome == expected[stream]
-        assert clock.in_bound(outcome) <= limit + MARGIN
+        assert in_bound <= limit + MARGIN, (in_bound, repr(named_error(error)))
         assert sdk_pool_held(client) == {"requests": 0, "active": 0}

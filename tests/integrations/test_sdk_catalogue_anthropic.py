@@ -20,7 +20,17 @@ import stallproof
 import stallproof.anthropic
 
 from ..support.clients import KEY, sdk_pool_held
-from ..support.sdk_catalogue import BUDGET, LIMITS, OK, PARAMS, TOOL_FAULTS, C, T
+from ..support.sdk_catalogue import (
+    BUDGET,
+    LIMITS,
+    OK,
+    PARAMS,
+    TOOL_FAULTS,
+    C,
+    T,
+    budget_for,
+    named_error,
+)
 from ..support.timing import MARGIN, SentClock
 
 pytestmark = [
@@ -156,16 +166,18 @@ def test_every_request_fault_has_a_pinned_outcome() -> None:
 async def test_anthropic_sdk_against_the_catalogue(
     fault: str, stream: bool, fault_server: Any, claude: Any
 ) -> None:
-    client = claude(fault_server.url(fault, hold=10, **FAULT_PARAMS.get(fault, {})))
-    outcome, limit = OK, BUDGET.total
+    budget = budget_for(EXPECTED[fault][stream])
+    url = fault_server.url(fault, hold=10, **FAULT_PARAMS.get(fault, {}))
+    client = claude(url, timeout=budget)
+    outcome, limit, error = OK, budget.total, None
     clock = SentClock(client)
     try:
         await ask_claude(client, stream=stream, tools=fault in TOOL_FAULTS, clock=clock)
     except Exception as e:
-        outcome, limit = outcome_of(e), limit_of(e, BUDGET.total)
+        outcome, limit, error = outcome_of(e), limit_of(e, budget.total), e
     elapsed = clock.in_bound(outcome)
     assert outcome == EXPECTED[fault][stream]
-    assert elapsed <= limit + MARGIN
+    assert elapsed <= limit + MARGIN, (elapsed, repr(named_error(error)))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])

@@ -1,6 +1,7 @@
 """Helpers every test group shares: what a test needs to drive, time and check a client.
 
-- `timing`: `MARGIN`, `stopwatch`, `wait_until` (poll, never a fixed sleep), `SentClock`.
+- `timing`: `MARGIN`, `stopwatch`, `wait_until` (poll, never a fixed sleep), `SentClock` (a
+  call timed from where the engine takes it), `engine_of`.
 - `clients`: `KEY`, `warm`, `complete`, pool checks (`pool_state`, `assert_pool_clean`),
   `spying_client` (what went on the wire, through an ``http_client`` event hook).
 - `rawserver`: a socket server answering with exact bytes, for malformed answers.

@@ -16,6 +16,18 @@ import stallproof
 BUDGET = stallproof.Timeouts(
     connect=1, read=1, write=1, pool=1, first_token=0.6, idle=0.5, total=1.6
 )
+# A case pinned to end at total (the faults that keep a body coming: endless_body,
+# endless_line, the keep-alives non-stream) has one bound that could fire before it:
+# first_token, which the fault's first byte (non-stream) or content event (stream) ends,
+# at once or one `interval` in (sse_keepalive: 0.5 s). From then on its bytes (non-stream:
+# a newline or ping every 0.5 s at most) or content (stream: endless_body, every 10 ms)
+# come at least twice as often as read (1 s between bytes) or idle (0.5 s between content
+# events) asks, and a non-stream call arms no idle: only total is left. So its total keeps
+# BUDGET's 0.5 s past the bound before it, first_token: 1.1 s, not 1.6 s. Not a budget for
+# every non-stream call: the ReadTimeout cases end ~1.01 s in (read, 1 s after a last byte
+# sent at once), which a total of 1.1 s would race; nor can read come down, as it must
+# stay clear of first_token, which stall_headers and half_open end at (0.4 s apart now).
+AT_TOTAL = BUDGET.replace(total=1.1)
 LIMITS = stallproof.Limits(max_response_bytes=2 * 1024 * 1024, max_line_bytes=256 * 1024)
 PARAMS: dict[str, dict[str, Any]] = {
     "huge_body": {"size": 8 * 1024 * 1024},
@@ -37,6 +49,12 @@ C = "APIConnectionError/"
 _SDK_CLASSES = (openai.APITimeoutError, openai.APIConnectionError, openai.APIError)
 
 
+def budget_for(outcome: str) -> stallproof.Timeouts:
+    """The budget of a case pinned to ``outcome``: `AT_TOTAL` for one that ends at total
+    (``TotalTimeout``, or a name ending with it), else `BUDGET`."""
+    return AT_TOTAL if outcome.endswith("TotalTimeout") else BUDGET
+
+
 def outcome_of(error: BaseException) -> str:
     if isinstance(error, stallproof.StallproofError):
         sdk = next(c for c in _SDK_CLASSES if isinstance(error, c))
@@ -46,8 +64,17 @@ def outcome_of(error: BaseException) -> str:
     return f"{type(error).__name__}/{named}"
 
 
+def named_error(error: BaseException | None) -> BaseException | None:
+    """The stallproof error that ended a call: ``error`` itself, or its cause. Its repr in
+    a timing assertion's message says what the engine measured (its ``elapsed``), so a
+    late reading tells the engine's time from the caller's."""
+    if error is None or isinstance(error, stallproof.StallproofError):
+        return error
+    return error.__cause__
+
+
 def limit_of(error: BaseException, default: float) -> float:
-    named = error if isinstance(error, stallproof.StallproofError) else error.__cause__
+    named = named_error(error)
     return named.limit if isinstance(named, stallproof.TimeoutException) else default
 
 

@@ -1,4 +1,5 @@
-"""Time in tests: the margin a loaded runner honours, a stopwatch, bounded waits for state."""
+"""Time in tests: the margin a loaded runner honours, a stopwatch, the clock of a call
+(`SentClock`: from where the engine takes it), bounded waits for state."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 import anyio
 import pytest
+
+from stallproof._engine import Engine
 
 # How far past its bound a call may end, measured from the moment the bound started. The
 # bounds are anyio deadlines, so on an idle machine calls end within a few ms; the margin is
@@ -56,26 +59,40 @@ def wait_until_sync(
 
 
 class SentClock:
-    """Seconds since the SDK handed its request to the http client: the bounds start there,
-    after the SDK's own preparation (its first call looks up the platform in a thread)."""
+    """Seconds since stallproof's engine took a client's call: where its bounds start.
 
-    def __init__(self, sdk_client: Any) -> None:
+    Marks when `Engine.send` is entered, before it runs a line: the engine opens the call
+    (its start, and the total deadline counted from it) a few checks later (the body's
+    JSON peeked, the headers checked), with no await between. Not where the SDK starts
+    (its first call looks up the platform in a thread), nor its ``request`` event hook,
+    nor the transport's entry: on a starved process the SDK and httpx may hold a request
+    there for half a second before the engine gets it, and a sync transport hands it to
+    the engine loop's thread. A mark later than `Engine.send`'s entry could hide lateness;
+    this one is only those checks early, so a bound read from it is read from its start
+    or before (tests/integrations/test_sent_clock.py checks both sides).
+
+    ``client``: an SDK client (openai's, anthropic's: sync or async, stallproof's faces or
+    the SDK over ``stallproof.http_client*``), an httpx/httpx2 client over a stallproof
+    transport, or a `stallproof.Client`. Each call through its engine moves the mark.
+    """
+
+    def __init__(self, client: Any) -> None:
+        #: `time.monotonic` when the engine last took a call.
         self.sent: float | None = None
         #: When the caller last got an event of a stream (`saw`): where idle has begun, at
         #: the latest (it starts at the last content event).
         self.last_event: float | None = None
-        is_async = hasattr(sdk_client._client, "aclose")  # a sync client's hooks are sync
-        hook = self._mark if is_async else self._mark_sync
-        sdk_client._client.event_hooks = {"request": [hook], "response": []}
+        engine = engine_of(client)
+        send = engine.send
 
-    async def _mark(self, request: Any) -> None:
-        self.sent = time.monotonic()
+        async def send_marked(out: Any) -> Any:
+            self.sent = time.monotonic()
+            return await send(out)
 
-    def _mark_sync(self, request: Any) -> None:
-        self.sent = time.monotonic()
+        engine.send = send_marked  # this engine's calls only: the instance's, not the class's
 
     def elapsed(self) -> float:
-        assert self.sent is not None, "no request was sent"
+        assert self.sent is not None, "no request reached the engine"
         return time.monotonic() - self.sent
 
     def saw(self) -> None:
@@ -83,10 +100,21 @@ class SentClock:
         self.last_event = time.monotonic()
 
     def in_bound(self, outcome: str) -> float:
-        """Seconds from where the bound behind ``outcome`` began, as far as the caller can
-        tell: idle from the last event it got, any other from the send. (From the send,
+        """Seconds from where the bound behind ``outcome`` (an error's class name, or a
+        name that ends with it) began, as far as the caller can tell: idle from the last
+        event it got, any other from the engine taking the call. (From the call's start,
         idle would count the connect and the events before the last: a starved test
         process spends up to half a second there.)"""
-        if outcome.endswith("/IdleTimeout") and self.last_event is not None:
+        if outcome.endswith("IdleTimeout") and self.last_event is not None:
             return time.monotonic() - self.last_event
         return self.elapsed()
+
+
+def engine_of(client: Any) -> Any:
+    """The `Engine` a client sends through (see `SentClock` for the clients it knows)."""
+    engine = getattr(client, "_engine", None)  # a stallproof.Client
+    if engine is None:
+        http = getattr(client, "_client", client)  # an SDK client holds its http client there
+        engine = getattr(getattr(http, "_transport", None), "engine", None)
+    assert isinstance(engine, Engine), f"{client!r} does not send through a stallproof engine"
+    return engine
