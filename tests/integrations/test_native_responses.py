@@ -23,7 +23,7 @@ from openai.types.responses import Response, ResponseCompletedEvent, ResponseTex
 import stallproof
 
 from ..support.clients import MakeClient, assert_pool_clean, warm
-from ..support.sdk_catalogue import LIMITS, OK, budget_for, limit_of, outcome_of
+from ..support.sdk_catalogue import LIMITS, OK, PARAMS, budget_for, limit_of, outcome_of
 from ..support.timing import MARGIN, SentClock
 
 pytestmark = pytest.mark.anyio
@@ -44,6 +44,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
 }
 FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "sse_empty_deltas": {"interval": 0.2},
+    "sse_keepalive": PARAMS["sse_keepalive"],  # (its first byte well before first_token)
     "done_then_hold": {"tokens": 2},
 }
 

@@ -21,7 +21,16 @@ import stallproof.anthropic
 import stallproof.openai
 
 from ..support.clients import KEY, sdk_pool_held
-from ..support.sdk_catalogue import LIMITS, OK, T, budget_for, limit_of, named_error, outcome_of
+from ..support.sdk_catalogue import (
+    LIMITS,
+    OK,
+    PARAMS,
+    T,
+    budget_for,
+    limit_of,
+    named_error,
+    outcome_of,
+)
 from ..support.timing import MARGIN, SentClock
 
 # Breadth over the whole catalogue: `make test` runs it, the quick loop leaves it out.
@@ -52,6 +61,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
 # a short answer before a stall, so that idle (not total) ends it on a busy machine.
 FAULT_PARAMS: dict[str, dict[str, Any]] = {
     "sse_empty_deltas": {"interval": 0.2},
+    "sse_keepalive": PARAMS["sse_keepalive"],  # (its first byte well before first_token)
     **{f: {"tokens": 2} for f in ("done_then_hold", "chunked_no_end")},
 }
 

@@ -19,8 +19,8 @@ BUDGET = stallproof.Timeouts(
 # A case pinned to end at total (the faults that keep a body coming: endless_body,
 # endless_line, the keep-alives non-stream) has one bound that could fire before it:
 # first_token, which the fault's first byte (non-stream) or content event (stream) ends,
-# at once or one `interval` in (sse_keepalive: 0.5 s). From then on its bytes (non-stream:
-# a newline or ping every 0.5 s at most) or content (stream: endless_body, every 10 ms)
+# at once or one `interval` in (sse_keepalive: 0.2 s, see PARAMS). From then on its bytes
+# (non-stream: a newline or ping every 0.5 s at most) or content (stream: endless_body, every 10 ms)
 # come at least twice as often as read (1 s between bytes) or idle (0.5 s between content
 # events) asks, and a non-stream call arms no idle: only total is left. So its total keeps
 # BUDGET's 0.5 s past the bound before it, first_token: 1.1 s, not 1.6 s. Not a budget for
@@ -36,6 +36,10 @@ PARAMS: dict[str, dict[str, Any]] = {
     # budget (8-byte slices, a thousand sleeps, did not always).
     "slicer": {"interval": 0.001, "size": 32},
     "rate_limit": {"limit": 1000},  # one shared bucket for every case here: never empty
+    # Its first byte (non-stream: a newline) 0.4 s before first_token, not 0.1 s (the
+    # default interval, 0.5 s): a starved server thread sending it late must not turn the
+    # pinned TotalTimeout into a FirstTokenTimeout. (Stream: comments, never content.)
+    "sse_keepalive": {"interval": 0.2},
 }
 TOOLS = [{"type": "function", "function": {"name": "save", "parameters": {"type": "object"}}}]
 TOOL_FAULTS = {"tool_split", "index_gap", "tool_args_unclosed"}
