@@ -145,6 +145,6 @@ async def test_errors_after_faults_leave_the_pool_usable(
             async for _ in s:
                 pass
     # Five failed calls on a pool of one: if any had leaked the slot, each call after it
-    # (this one too) would wait for it and end in PoolTimeout.
+    # (this one too) would wait for it in "pool wait" until its total ran out.
     resp = await client.chat.completions.create(model="m", messages=MSGS)
     assert resp.choices
