@@ -33,7 +33,10 @@ from ..support.timing import MARGIN
 pytestmark = pytest.mark.slow
 
 STUCK = "half_open"
-SLOW = "token_rate;tps=5;tokens=300"
+# A token every 0.1 s (for 60 s): with the MARGIN a loaded runner honours, a gap stays well
+# under STALLED_AFTER, so the streams are never stalled while the stuck calls are.
+SLOW = "token_rate;tps=10;tokens=600"
+STALLED_AFTER = 0.5
 TTL = 1.5
 INTERVAL = 0.2
 
@@ -49,7 +52,7 @@ def _job(fault_server: Any, redis: RedisServer | None, prefix: str, **kw: Any) -
         "slow_fault": SLOW,
         "interval": INTERVAL,
         "ttl": TTL,
-        "stalled_after": 1.0,
+        "stalled_after": STALLED_AFTER,
         "total": 40.0,
         **kw,
     }
@@ -92,7 +95,7 @@ def test_top_lists_every_call_of_two_workers(
     slow = [c for c in calls if c["agent"].startswith("slow-")]
     assert len(stuck) == 10 and len(slow) == 4
     assert all(c["phase"] == "awaiting headers" and c["stalled"] for c in stuck)
-    assert all(c["since_progress_s"] >= 1.0 and c["left_s"] > 0 for c in stuck)
+    assert all(c["since_progress_s"] >= STALLED_AFTER and c["left_s"] > 0 for c in stuck)
     assert all(c["phase"] == "streaming" and not c["stalled"] for c in slow)
     assert all(c["content_chunks"] > 0 for c in slow)
     assert [c["stalled"] for c in calls] == [True] * 10 + [False] * 4  # attention first
@@ -152,7 +155,8 @@ def test_top_reads_one_process_through_its_socket(
     a, b = start_calls(inflight_workers, found, named)
     default = os.path.join(socket_dir(), f"{a.pid}.sock")
     assert os.path.exists(default) and os.path.exists(path)
-    time.sleep(1.2)  # past stalled_after (1 s) for the stuck calls
+    # Past stalled_after for the stuck calls, which started before start_calls returned.
+    time.sleep(STALLED_AFTER + 0.2)
 
     for args in ((), ("--pid", str(a.pid))):
         done = run_cli("top", "--once", "--json", *args)
@@ -189,7 +193,7 @@ def test_live_top_redraws_every_interval_and_quits_on_ctrl_c(
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "stallproof", "top", "--redis", redis_server.url),
-                *("--prefix", redis_prefix, "--interval", "0.5", "--op-timeout", "1"),
+                *("--prefix", redis_prefix, "--interval", "0.2", "--op-timeout", "1"),
             ],
             stdout=slave,
             stderr=subprocess.PIPE,

@@ -18,7 +18,9 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -459,29 +461,36 @@ def test_replay_with_the_recorded_timing_and_a_speed(own: ServerThread, tmp_path
     tape = tmp_path / "tape.jsonl"
     paced = own.url("token_rate", tps=5)  # an upstream at 8 chunks, 0.2 s apart: ~1.6 s.
     slow = {**CHAT, "messages": [{"role": "user", "content": "slowly"}]}
-    with (
-        fault_server.running(port=0, max_hold=10.0, upstream=paced, record=tape) as proxy,
-        httpx.Client(base_url=proxy.url(), timeout=10) as client,
-    ):
-        streamed = client.post("/chat/completions", json=STREAM).content
-        whole = client.post("/chat/completions", json=slow).json()
-    (stream_line, whole_line) = [json.loads(line) for line in tape.read_text().splitlines()]
+
+    def both(base_url: str) -> tuple[float, bytes, float, Any]:
+        """The stream and the whole answer, asked at once (each timed on its own): their
+        waits overlap, as nothing of one depends on the other."""
+
+        def ask(payload: dict[str, Any]) -> tuple[float, httpx.Response]:
+            with httpx.Client(base_url=base_url, timeout=10) as client:
+                start = time.monotonic()
+                answer = client.post("/chat/completions", json=payload)
+                return time.monotonic() - start, answer
+
+        with ThreadPoolExecutor(2) as pool:
+            (took, streamed), (whole_took, whole) = pool.map(ask, (STREAM, slow))
+        return took, streamed.content, whole_took, whole.json()
+
+    with fault_server.running(port=0, max_hold=10.0, upstream=paced, record=tape) as proxy:
+        _, streamed, _, whole = both(proxy.url())
+    lines = [json.loads(line) for line in tape.read_text().splitlines()]
+    (stream_line,) = [line for line in lines if line["stream"]]
+    (whole_line,) = [line for line in lines if not line["stream"]]
     times = stream_line["timing"]["frames"]
     assert len(times) == len(stream_line["frames"])
     assert times == sorted(times) and times[-1] >= 1.4
     assert whole_line["timing"]["body"] >= 1.4
 
     def replayed(speed: float | None) -> tuple[float, float, bytes]:
-        with (
-            fault_server.running(port=0, max_hold=10.0, replay=tape, replay_speed=speed) as srv,
-            httpx.Client(base_url=srv.url(), timeout=10) as client,
-        ):
-            start = time.monotonic()
-            body = client.post("/chat/completions", json=STREAM).content
-            took = time.monotonic() - start
-            start = time.monotonic()
-            assert client.post("/chat/completions", json=slow).json() == whole
-            return took, time.monotonic() - start, body
+        with fault_server.running(port=0, max_hold=10.0, replay=tape, replay_speed=speed) as srv:
+            took, body, whole_took, answer = both(srv.url())
+        assert answer == whole
+        return took, whole_took, body
 
     as_recorded, whole_as_recorded, body = replayed(1.0)
     assert body == streamed

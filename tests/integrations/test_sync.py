@@ -338,7 +338,8 @@ def test_sync_calls_from_a_thread_anyio_runs_trio_in(fault_server: Any) -> None:
 def test_32_threads_stalled_at_once_each_end_on_time(
     fault_server: Any, fault_key: str, face: Any, stream: bool
 ) -> None:
-    total = 1.0
+    # What is proven is how late 32 threads end, which MARGIN bounds whatever total is.
+    total = 0.5
     client = face(fault_server.url("sse_keepalive", hold=HOLD, key=fault_key), timeout=30)
     before = set(threading.enumerate())
 

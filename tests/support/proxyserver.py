@@ -24,6 +24,7 @@ method, target and the ``Proxy-Authorization`` header, per request head.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import re
 import select
@@ -110,6 +111,9 @@ class ProxyServer:
                 conn, _ = self._sock.accept()
             except (TimeoutError, OSError):
                 continue
+            if self._stop.is_set():  # the wake-up from close()
+                conn.close()
+                return
             with self._lock:
                 self._active += 1
             t = threading.Thread(target=self._one, args=(conn,), daemon=True)
@@ -284,6 +288,9 @@ class ProxyServer:
 
     def close(self) -> None:
         self._stop.set()
+        # Wake the accept loop now, not at its next 0.1 s timeout.
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
         self._accept.join(5)
         for t in self._threads:
             t.join(5)

@@ -15,10 +15,10 @@ and the server stops on ``close()``, so a test that fails never leaves one behin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
@@ -82,6 +82,9 @@ class RawServer:
                 conn, _ = self._sock.accept()
             except (TimeoutError, OSError):
                 continue
+            if self._stop.is_set():  # the wake-up from close()
+                conn.close()
+                return
             t = threading.Thread(target=self._one, args=(conn,), daemon=True)
             self._threads.append(t)
             t.start()
@@ -101,8 +104,9 @@ class RawServer:
                     self._stop.wait(part)
                 else:
                     conn.sendall(part)
-            # Let the client read to the end before the close resets anything.
-            time.sleep(0.05)
+            # Let the client read to the end before the close resets anything (the test
+            # closes the server once its calls are over: no need to wait then).
+            self._stop.wait(0.05)
         except OSError:
             pass  # the client went away: that is often what the test is about
         finally:
@@ -110,6 +114,9 @@ class RawServer:
 
     def close(self) -> None:
         self._stop.set()
+        # Wake the accept loop now, not at its next 0.1 s timeout.
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
         self._accept.join(5)
         for t in self._threads:
             t.join(5)
