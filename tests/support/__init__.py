@@ -4,7 +4,8 @@
 - `clients`: `KEY`, `warm`, `complete`, pool checks (`pool_state`, `assert_pool_clean`),
   `spying_client` (what went on the wire, through an ``http_client`` event hook).
 - `rawserver`: a socket server answering with exact bytes, for malformed answers.
-- `wire`: raw HTTP/1.1 over sockets to a fault server, and the CLI server in a subprocess.
+- `wire`: raw HTTP/1.1 over sockets to a fault server, and the CLI server in a subprocess
+  (or `journal_server.py`, a server whose journal starts full).
 - `sdk_catalogue`: the fault catalogue as the SDK faces meet it (shared by their tests).
 - `proxyserver`: a forward/CONNECT/SOCKS5 proxy on loopback.
 - `fleet`: a real redis-server and worker processes (`fleet_worker.py`) for fleet state.
