@@ -37,6 +37,7 @@ from stallproof._wire._network import Network, system_resolver
 from stallproof._wire._pool import Pool
 from stallproof._wire._proxy import ProxyRoute
 
+from ..support.memory import freeze_heap
 from ..support.timing import MARGIN, stopwatch, wait_until
 from ..support.wire import ChatArgs
 
@@ -280,17 +281,14 @@ async def test_2000_stalled_calls_end_typed_and_on_time(black_hole: str) -> None
         late.append(time.monotonic() - start - 1.0)
 
     # The test process's heap (pytest, every test module's AST) is many times a service's:
-    # a full GC pass over it costs ~0.6 s here and lands in the storm. Freeze it, as a
-    # latency-minded service does after start-up; what the calls allocate is still collected.
-    gc.collect()
-    gc.freeze()
-    try:
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                for _ in range(2000):
-                    tg.start_soon(one)
-    finally:
-        gc.unfreeze()
+    # a full GC pass over it costs ~0.6 s here and lands in the storm. Frozen, as a
+    # latency-minded service does after start-up (the session froze it after collection;
+    # this freezes what earlier tests left); what the calls allocate is still collected.
+    freeze_heap()
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            for _ in range(2000):
+                tg.start_soon(one)
     assert errors == ["TotalTimeout"] * 2000
     late.sort()
     p99 = late[int(0.99 * len(late)) - 1]

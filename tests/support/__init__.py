@@ -1,6 +1,8 @@
 """Helpers every test group shares: what a test needs to drive, time and check a client.
 
 - `timing`: `MARGIN`, `stopwatch`, `wait_until` (poll, never a fixed sleep), `SentClock`.
+- `memory`: `Peak` (the heap's peak growth in a block), `freeze_heap` (the session freezes
+  its heap after collection: full GC passes skip it).
 - `clients`: `KEY`, `warm`, `complete`, pool checks (`pool_state`, `assert_pool_clean`),
   `spying_client` (what went on the wire, through an ``http_client`` event hook).
 - `rawserver`: a socket server answering with exact bytes, for malformed answers.
