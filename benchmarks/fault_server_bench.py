@@ -20,12 +20,15 @@ client, on raw sockets so that the client costs as little as possible:
    server's CPU per request (its utime + stime from ``/proc``).
 4. **connect burst**: ``--burst`` non-blocking connects at once (default 8,000) on each
    server; how many took a second or more (a SYN the kernel dropped, retransmitted).
+5. **shutdown**: a `ServerThread` in this process (as a test suite runs it) holds
+   ``--shutdown`` stalled connections (default 8,000; each a connection task and a peer
+   watcher, the hold 300 s); how long ``stop()`` takes to end them all.
 
 Every loop is bounded in count and in time (``--budget`` seconds for the stall phase).
 Loopback only.
 
     python benchmarks/fault_server_bench.py [--stalls 10000] [--seconds 4] [--workers 16]
-        [--burst 8000]
+        [--burst 8000] [--shutdown 8000]
 """
 
 from __future__ import annotations
@@ -322,6 +325,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=16, help="concurrent connections")
     parser.add_argument("--budget", type=float, default=90.0, help="cap on the stall phase")
     parser.add_argument("--burst", type=int, default=8000, help="simultaneous connects")
+    parser.add_argument(
+        "--shutdown", type=int, default=8000, help="connections held when stop() is timed"
+    )
     args = parser.parse_args()
     limit = raise_fd_limit()
     if args.stalls + 100 > limit:
@@ -386,7 +392,34 @@ def main() -> int:
         shown = "not within 30 s" if released is None else f"{released:.1f} s"
         print(f"  closed by the client in:   {closed:.1f} s; all released by the server: {shown}")
         print(f"  server RSS after:          {rss_mib(pid):.1f} MiB")
+    if args.shutdown:
+        shutdown_with_held(min(args.shutdown, max(0, limit // 2 - 100)), args.budget)
     return 0
+
+
+def shutdown_with_held(count: int, budget: float) -> None:
+    """Time `ServerThread.stop()` with ``count`` stalled connections held, in this process
+    (the client's sockets are its descriptors too: two per connection)."""
+    from fault_server import ServerThread
+
+    print(f"\nshutdown: ServerThread.stop() with {count} 'stall_headers' connections held")
+    srv = ServerThread(max_hold=300)
+    srv.start()
+    held: list[socket.socket] = []
+    try:
+        host, port = srv.server._bound()[0], srv.port
+        raw = http_request("/fault/stall_headers;hold=300/v1/models")
+        held = open_stalls(host, port, count, raw, budget)
+        settled = wait_for(lambda: srv.stats().requests >= len(held), budget)
+        if settled is None:
+            print(f"  not all {len(held)} requests read within {budget:g} s")
+        start = time.monotonic()
+        srv.stop()
+        print(f"  held {srv.stats().requests}; stop() took {time.monotonic() - start:.2f} s")
+    finally:
+        srv.stop()
+        for sock in held:
+            sock.close()
 
 
 def compare_with_raw(seconds: float, connects: int) -> None:

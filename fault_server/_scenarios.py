@@ -235,13 +235,15 @@ class Scenarios:
 
     Rules are indexed by the key they match (None: any key), so that a request looks only
     at the rules of its own key and those of no key: 10,000 rules armed by other tests'
-    scopes cost it nothing.
+    scopes cost it nothing. And by id (the first rule with it), so that arming a rule costs
+    the same with 10,000 armed as with none.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rules: list[_Live] = []
         self._by_key: dict[str | None, list[_Live]] = {}
+        self._by_id: dict[str, _Live] = {}
         self._ids = itertools.count(1)
         self._seqs = itertools.count()
 
@@ -251,24 +253,26 @@ class Scenarios:
     def add(self, rule: Rule) -> Rule:
         """Arm ``rule`` at the end of the queue, or in place of the rule with its id."""
         with self._lock:
-            for i, old in enumerate(self._rules):
-                if old.rule.id == rule.id:
-                    live = _Live(rule, old.seq)
-                    self._rules[i] = live
-                    self._reindex()
-                    break
+            old = self._by_id.get(rule.id)
+            if old is not None:
+                live = _Live(rule, old.seq)
+                self._rules[self._rules.index(old)] = live
+                self._reindex()
             else:
                 self._make_room(1)
                 live = _Live(rule, next(self._seqs))
                 self._rules.append(live)
                 self._by_key.setdefault(rule.match.key, []).append(live)
+                self._by_id[rule.id] = live
             return _snapshot(live)
 
     def _reindex(self) -> None:
-        """Rebuild the index by key (the lock is held)."""
+        """Rebuild the indexes by key and by id (the lock is held)."""
         self._by_key = {}
+        self._by_id = {}
         for live in self._rules:
             self._by_key.setdefault(live.rule.match.key, []).append(live)
+            self._by_id.setdefault(live.rule.id, live)
 
     def _make_room(self, n: int) -> None:
         """Drop the oldest exhausted rules until ``n`` more fit under `MAX_RULES` (the
@@ -310,10 +314,9 @@ class Scenarios:
             before = len(self._rules)
             if key is None:
                 self._rules = []
-                self._by_key = {}
             else:
                 self._rules = [r for r in self._rules if r.rule.match.key != key]
-                self._by_key.pop(key, None)
+            self._reindex()
             return before - len(self._rules)
 
     def rules(self, key: str | None = None) -> tuple[Rule, ...]:

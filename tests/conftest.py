@@ -15,10 +15,17 @@ import pytest
 import stallproof
 
 from .support.clients import KEY, MakeClient, assert_pool_clean
+from .support.memory import freeze_heap
 from .support.rawserver import RawServer
 
 # `pytester`: tests of our pytest plugin run a session of their own.
 pytest_plugins = ["pytester"]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze the heap the collection built (see `freeze_heap`): every full pass of the
+    cyclic collector in every test would otherwise walk it again."""
+    freeze_heap()
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -18,6 +18,8 @@ import pytest
 
 import fault_server
 from fault_server import FaultScope, FaultSpecError, KeyStats, ServerThread, Verdict
+from fault_server._scenarios import Match, Rule, Scenarios
+from fault_server._spec import parse_fault
 
 from ..support.timing import MARGIN, wait_until_sync
 from ..support.wire import CHAT, ROOT, STREAM, Raw, chat_path, request
@@ -116,6 +118,33 @@ def test_a_rule_id_makes_arming_idempotent(own: ServerThread) -> None:
     assert codes(own.url(), 2) == [503, 200]
     own.scenario("status", code=503, times=1, rule_id="flaky")  # re-armed: one use again
     assert codes(own.url(), 2) == [503, 200]
+
+
+def test_a_rule_id_replaces_only_a_rule_still_armed() -> None:
+    """Arming finds a rule by its id in an index: a rule cleared (with its key, or by a
+    replace of its key's rules) is gone from it, and the same id arms a new rule at the
+    end of the queue; a rule still armed is replaced in its place."""
+    scenarios = Scenarios()
+
+    def armed() -> list[tuple[str, str | None, object]]:
+        return [(r.id, r.match.key, r.spec.params["code"]) for r in scenarios.rules()]
+
+    def rule(rule_id: str, key: str, code: int) -> Rule:
+        return Rule(rule_id, parse_fault(f"status;code={code}"), Match(key=key))
+
+    scenarios.add(rule("a", "k1", 500))
+    scenarios.add(rule("b", "k2", 501))
+    scenarios.add(rule("c", "k1", 502))
+    assert scenarios.clear("k1") == 2
+    scenarios.add(rule("a", "k3", 503))  # "a" was cleared: a new rule, after "b"
+    scenarios.add(rule("b", "k2", 504))  # "b" is armed: replaced in place
+    assert armed() == [("b", "k2", 504), ("a", "k3", 503)]
+    scenarios.replace([rule("d", "k3", 505)], key="k3")
+    scenarios.add(rule("a", "k1", 506))
+    assert armed() == [("b", "k2", 504), ("d", "k3", 505), ("a", "k1", 506)]
+    scenarios.clear()
+    scenarios.add(rule("b", "k1", 507))
+    assert armed() == [("b", "k1", 507)]
 
 
 def test_scenario_generic_params_come_from_the_request(own: ServerThread, fault_key: str) -> None:

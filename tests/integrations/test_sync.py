@@ -27,6 +27,7 @@ import stallproof.openai
 from stallproof._faces._engine_loop import home_of
 
 from ..support.clients import KEY, OPENAI_HTTP
+from ..support.memory import freeze_heap
 from ..support.sdk_catalogue import BUDGET, limit_of
 from ..support.timing import MARGIN, SentClock, stopwatch, wait_until_sync
 
@@ -357,17 +358,14 @@ def test_32_threads_stalled_at_once_each_end_on_time(
 
     # The test process's heap (pytest, every test module, both SDKs' types) is many times a
     # service's: a full GC pass over it (0.16 s of CPU, ~1 s of wall time on a loaded
-    # runner, every thread stopped) lands in the storm. Freeze it, as a latency-minded
-    # service does after start-up (docs/concurrency.md); what the calls allocate is still
+    # runner, every thread stopped) lands in the storm. Frozen, as a latency-minded
+    # service does after start-up (docs/concurrency.md; the session froze it after
+    # collection, this freezes what earlier tests left); what the calls allocate is still
     # collected.
-    gc.collect()
-    gc.freeze()
-    try:
-        with concurrent.futures.ThreadPoolExecutor(32) as pool:
-            futures = [pool.submit(one) for _ in range(32)]
-            done, pending = concurrent.futures.wait(futures, timeout=total + 5)
-    finally:
-        gc.unfreeze()
+    freeze_heap()
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        futures = [pool.submit(one) for _ in range(32)]
+        done, pending = concurrent.futures.wait(futures, timeout=total + 5)
     assert not pending
     results = [f.result() for f in done]
     for elapsed, error in results:

@@ -2,10 +2,13 @@
 
 - `timing`: `MARGIN`, `stopwatch`, `wait_until` (poll, never a fixed sleep), `SentClock` (a
   call timed from where the engine takes it), `engine_of`.
+- `memory`: `Peak` (the heap's peak growth in a block), `freeze_heap` (the session freezes
+  its heap after collection: full GC passes skip it).
 - `clients`: `KEY`, `warm`, `complete`, pool checks (`pool_state`, `assert_pool_clean`),
   `spying_client` (what went on the wire, through an ``http_client`` event hook).
 - `rawserver`: a socket server answering with exact bytes, for malformed answers.
-- `wire`: raw HTTP/1.1 over sockets to a fault server, and the CLI server in a subprocess.
+- `wire`: raw HTTP/1.1 over sockets to a fault server, and the CLI server in a subprocess
+  (or `journal_server.py`, a server whose journal starts full).
 - `sdk_catalogue`: the fault catalogue as the SDK faces meet it (shared by their tests).
 - `proxyserver`: a forward/CONNECT/SOCKS5 proxy on loopback.
 - `fleet`: a real redis-server and worker processes (`fleet_worker.py`) for fleet state.

@@ -140,11 +140,16 @@ def pipeline(base_url: str, requests: list[bytes], seconds: float = 60.0) -> int
 
 
 @contextlib.contextmanager
-def cli_server(*args: str, **popen: Any) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def cli_server(
+    *args: str, script: str | None = None, **popen: Any
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``fault-server --port 0 *args`` in a process of its own (its own GIL and core);
-    yields its base URL (without /v1) and the process, and stops it (SIGTERM, then kill)."""
+    yields its base URL (without /v1) and the process, and stops it (SIGTERM, then kill).
+    ``script``: a file of tests/support to run instead, which takes ``--port 0`` and prints
+    its URL as ``fault-server`` does (journal_server.py)."""
     popen.setdefault("stderr", subprocess.DEVNULL)
-    command = [sys.executable, "-m", "fault_server", "--port", "0", *args]
+    program = [str(Path(__file__).with_name(script))] if script else ["-m", "fault_server"]
+    command = [sys.executable, *program, "--port", "0", *args]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, **popen)
     try:
         assert proc.stdout is not None
