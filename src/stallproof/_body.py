@@ -213,8 +213,7 @@ class ResponseBody:
         """One read from the server, under total and the phase bound, decoded and sorted."""
         assert self._raw is not None
         call = self._call
-        t = call.timeouts
-        bound, limit = ("idle", t.idle) if self._seen_content else ("first_token", t.first_token)
+        bound, limit = self._phase()
         start = call.now()
         if start >= call.total_deadline:
             raise call.timeout_error("total")
@@ -254,6 +253,11 @@ class ResponseBody:
             end = call.now()
             self._waited += end - start
             self._idle_since = end
+
+    def _phase(self) -> tuple[str, float]:
+        """The phase bound that counts time without content now, and its limit."""
+        t = self._call.timeouts
+        return ("idle", t.idle) if self._seen_content else ("first_token", t.first_token)
 
     def _needs_slices(self, data: bytes) -> bool:
         """Whether sorting ``data`` may await (and so must run under the step's scope)."""
@@ -343,6 +347,8 @@ class ResponseBody:
                     await self._fail_with(exc.MalformedResponse, "the event stream is not UTF-8")
                 while self._chunks:
                     yield self._chunks.popleft()
+                    if self._chunks:
+                        await self._fail_if_overdue()
                 if self._state is not _State.LIVE:
                     break
                 if self.outcome.saw_done:
@@ -363,11 +369,34 @@ class ResponseBody:
         """The next decoded event, or None at the end of the body. Does not close."""
         self._mode = "events"
         self._chunks.clear()
+        if self._events:
+            await self._fail_if_overdue()
         while not self._events:
             if self._state is not _State.LIVE:
                 return None
             await self._guarded_step()
         return self._events.popleft()
+
+    async def _fail_if_overdue(self) -> None:
+        """Between the pieces of one read the caller takes (a read holds up to the socket's
+        buffer: thousands of events in a flood), the bound the caller's time has used up
+        fails the call now, not at the next read: an SDK parsing a quarter megabyte of
+        empty chunks on a starved process would make ``idle`` that much late. Total always
+        counts; first_token or idle only after a read that brought no content (see
+        `_step`)."""
+        call = self._call
+        now = call.now()
+        if now >= call.total_deadline:
+            bound = "total"
+        elif self._idle_since is None:
+            return
+        else:
+            bound, limit = self._phase()
+            if self._waited + (now - self._idle_since) < limit:
+                return
+        error = call.timeout_error(bound)
+        await self._fail(error)
+        raise error
 
     # -- the end ---------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
+import anyio
 import openai
 import pytest
 
@@ -165,6 +166,53 @@ async def test_a_flood_of_empty_events_cannot_hold_idle_off(name: str, kind: str
     assert IDLE - 0.05 <= elapsed < IDLE + MARGIN, elapsed
     if kind == "client":
         assert_pool_clean(client)
+
+
+# One read's worth of events without content (the wire hands up to 64 KiB per read), each
+# padded to ~512 bytes: 16 KiB, the most the engine hands a byte reader at once, is 32 of
+# them (`_body._SLICE`).
+PADDED = _chat({"content": ""})[:-2] + b"\n: " + b"p" * 440 + b"\n\n"
+BURST = PADDED * (60 * 1024 // len(PADDED))
+PER_PIECE = 16 * 1024 // len(PADDED) + 1
+
+
+@pytest.mark.parametrize("kind", ["client", "face"])
+async def test_the_callers_time_between_the_events_of_one_read_counts_at_once(kind: str) -> None:
+    """A caller slow over the events of one read (a starved process parsing a burst) is
+    stopped by ``idle`` as its time runs out, not when the whole read is spent: after the
+    caller's own time passed idle, at most one more piece of the read reaches it (one event
+    for stallproof's client, 16 KiB for an SDK), where before it got the rest of the read
+    (~120 events: seconds late)."""
+
+    def answer(request: RawRequest) -> Iterator[bytes | float]:
+        yield HEAD
+        yield _chunked(CONTENT["openai"])
+        yield 0.1  # (a read of its own: a read that brings content counts as content)
+        yield _chunked(BURST)
+        yield 10.0  # then nothing: the burst is all there is
+
+    timeout = stallproof.Timeouts(idle=IDLE, total=10)
+    got: list[float] = []
+    with RawServer(answer) as srv:
+        client = _face("openai", kind, srv, timeout)
+        try:
+            stream = await _open(client)
+            await stream.__anext__()  # the content event
+            await anyio.sleep(0.3)  # holding content (not counted): the burst arrives whole
+            started = time.monotonic()
+            with pytest.raises(IDLE_ERRORS) as e:
+                async for _ in stream:
+                    got.append(time.monotonic())
+                    await anyio.sleep(0.01)  # the caller's time on each event
+        finally:
+            await _close(client)
+    error = e.value if isinstance(e.value, stallproof.StallproofError) else e.value.__cause__
+    assert isinstance(error, stallproof.IdleTimeout), repr(error)
+    # The events the caller got after idle was used up by the test's clock, which starts
+    # a moment before the engine's (at the read that brought the burst): two more allowed
+    # for that moment on a loaded machine. Before the fix: ~80.
+    late = sum(t > started + IDLE for t in got)
+    assert late <= (1 if kind == "client" else PER_PIECE) + 2, (late, len(got))
 
 
 # The flood before content: a fixed size, read whole before first_token fires (it takes
