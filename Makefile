@@ -44,13 +44,11 @@ $(OA2_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python scripts/proof_demo.py
 
-# pytest-xdist workers. Most of the suite's time is real deadlines waiting, which overlap, so
-# two per core of a 2-core runner; each worker starts its own session fault server. The
-# margins hold with both cores busy besides (scripts/stress_tests.py). More workers are
-# faster (two busy loops: 4 workers 271 s when last measured, 6 ~163 s, 8 147-169 s) but
-# oversubscribe the cores, and then a timing test's process can wait half a second for
-# one: `make test WORKERS=8` on a machine of your own, 4 where the margins must hold.
-WORKERS ?= 4
+# pytest-xdist workers. Most of the suite's time is real deadlines waiting (~85% of its
+# worker-seconds), which overlap, so four per core of a 2-core runner; each worker starts its
+# own session fault server. The margins hold with both cores busy besides: with two busy
+# loops (scripts/stress_tests.py), 8 workers run the suite in ~115-120 s, 4 in ~210 s.
+WORKERS ?= 8
 
 # The suite keeps compiled modules (and pytest's rewritten test modules) in __pycache__,
 # even where the environment sets PYTHONDONTWRITEBYTECODE: without them every worker, and
@@ -61,16 +59,15 @@ PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 test: $(STAMP)
 	$(PYTEST) -n $(WORKERS) --dist worksteal
 
-## The loop for local work (under a minute): everything but the tests marked `slow`. Its
-## time is mostly deadlines waiting, so more workers than `test` uses.
-QUICK_WORKERS ?= 6
+## The loop for local work (under a minute): everything but the tests marked `slow`.
+QUICK_WORKERS ?= 8
 test-quick: $(STAMP)
 	$(PYTEST) -n $(QUICK_WORKERS) --dist worksteal -m "not slow and not frameworks"
 
 ## The suite RUNS times while two busy loops keep both cores loaded (scripts/stress_tests.py).
 RUNS ?= 5
 test-stress: $(STAMP)
-	$(BIN)/python scripts/stress_tests.py --runs $(RUNS)
+	$(BIN)/python scripts/stress_tests.py --runs $(RUNS) -- -n $(WORKERS) --dist worksteal
 
 ## What depends on the openai major, on openai 2.x (the SDK on plain httpx, which crewai,
 ## llama-index and mirascope pin): the openai faces, sync and async, the stock SDK on our

@@ -6,7 +6,7 @@ margins hold on a loaded CI runner, not only on an idle laptop::
     make test-stress                    # 5 runs, one busy loop per core
     .venv/bin/python scripts/stress_tests.py --runs 3 -- -m "not slow"
 
-Each run is the suite as `make test` runs it (pytest-xdist, 4 workers), bounded by
+Each run is the suite as `make test` runs it (pytest-xdist, 8 workers), bounded by
 ``--timeout`` seconds. The busy loops are started before the first run and ended (by their
 pids) after the last, whatever happens. Prints one line per run and the tests that failed in
 any run (each run's whole output is kept in a temporary directory); exits 1 if any run
@@ -84,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "pytest_args",
         nargs="*",
-        help="after --: arguments for pytest (default: -n 4 --dist worksteal, as make test)",
+        help="after --: arguments for pytest (default: -n 8 --dist worksteal, as make test)",
     )
     args = parser.parse_args(argv)
     if args.runs < 1 or args.burners < 0 or args.timeout <= 0:
         parser.error("--runs must be >= 1, --burners >= 0, --timeout > 0")
-    pytest_args = args.pytest_args or ["-n", "4", "--dist", "worksteal"]
+    pytest_args = args.pytest_args or ["-n", "8", "--dist", "worksteal"]
     failures: dict[str, int] = {}
     passed = 0
     # SIGTERM ends the script through its `finally`, as Ctrl-C does: no busy loop outlives it.
