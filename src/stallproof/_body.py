@@ -183,6 +183,12 @@ class ResponseBody:
         self._idle_since: float | None = None
         # Data of the events kept before the caller chose how to read (see `_absorb_events`).
         self._kept_undecided = 0
+        # How many of the queued chunks (a byte reader's) and events (stallproof's client's)
+        # the caller takes until it has taken the last one that carries content: from then
+        # on its time counts (`_content_taken`), in the middle of a read as at its end.
+        self._chunks_to_content = 0
+        self._events_to_content = 0
+        self._handed_content = False  # the event just handed out was the last content queued
 
     @property
     def is_stream(self) -> bool:
@@ -282,7 +288,8 @@ class ResponseBody:
 
     def _take(self, data: bytes) -> bool:
         """Keep decoded bytes for a byte reader and sort their events; True on content."""
-        if self._mode != "events":
+        keep = self._mode != "events"
+        if keep:
             self._chunks.append(data)
         try:
             events = self._decoder.feed(data)
@@ -292,7 +299,10 @@ class ResponseBody:
                 f"an SSE line passed max_line_bytes={self._limits.max_line_bytes}",
                 limit=self._limits.max_line_bytes,
             ) from None
-        return self._absorb_events(events)
+        content = self._absorb_events(events)
+        if content and keep:
+            self._chunks_to_content = len(self._chunks)
+        return content
 
     def _absorb_events(self, events: list[ServerSentEvent]) -> bool:
         content = 0
@@ -315,6 +325,10 @@ class ResponseBody:
                 # alone: a flood before the first content cannot cost ten times the stream.
                 self._kept_undecided += len(event.data)
                 self._events.append((event, obj, is_content))
+            else:
+                continue
+            if is_content:
+                self._events_to_content = len(self._events)
         if content:
             self._call.progress(content=content)  # (one clock reading for the whole read)
         return content > 0
@@ -347,6 +361,10 @@ class ResponseBody:
                     await self._fail_with(exc.MalformedResponse, "the event stream is not UTF-8")
                 while self._chunks:
                     yield self._chunks.popleft()
+                    if self._chunks_to_content:
+                        self._chunks_to_content -= 1
+                        if not self._chunks_to_content:
+                            self._content_taken()
                     if self._chunks:
                         await self._fail_if_overdue()
                 if self._state is not _State.LIVE:
@@ -369,13 +387,27 @@ class ResponseBody:
         """The next decoded event, or None at the end of the body. Does not close."""
         self._mode = "events"
         self._chunks.clear()
+        if self._handed_content:
+            self._handed_content = False
+            self._content_taken()
         if self._events:
             await self._fail_if_overdue()
         while not self._events:
             if self._state is not _State.LIVE:
                 return None
             await self._guarded_step()
+        if self._events_to_content:
+            self._events_to_content -= 1
+            self._handed_content = not self._events_to_content
         return self._events.popleft()
+
+    def _content_taken(self) -> None:
+        """The caller asks for more after the last content queued: its time counts from now,
+        whether the rest of the read (events without content) is queued or still to come.
+        (A read that brings content and then a flood would otherwise hand the flood over
+        uncounted: an SDK parsing it on a starved process, idle that much late.)"""
+        self._waited = 0.0
+        self._idle_since = self._call.now()
 
     async def _fail_if_overdue(self) -> None:
         """Between the pieces of one read the caller takes (a read holds up to the socket's
