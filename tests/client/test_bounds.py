@@ -223,22 +223,29 @@ async def test_a_peer_that_stops_reading_is_a_write_timeout(
     # Far more than loopback's socket buffers hold, so the write must block.
     big: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x" * (48 * 1024 * 1024)}]
     # The write bound starts after the body is serialised and the connection made: timed
-    # from when the engine hands the request to its pool (the body serialised, the connect
-    # still to come, so a little before the bound starts). A stopwatch around the whole
-    # call, less a serialisation timed beforehand, swung by half a second on a loaded
-    # machine between the two.
+    # from where the wire says it starts sending (the trace event the call's phase comes
+    # from), the 48 MiB already encoded. (A stopwatch around the whole call, less a
+    # serialisation timed beforehand, swung by half a second on a loaded machine; a mark
+    # at the pool's entry still counted encoding 48 MiB.)
     pool = engine_of(client).pool
     pool_send = pool.send
-    handed: list[float] = []
+    sending: list[float] = []
 
     async def send_marked(request: Any) -> Any:
-        handed.append(time.monotonic())
+        trace = request.extensions["trace"]
+
+        async def marked(name: str, info: Any) -> None:
+            if name == "http11.send_request_headers.started":
+                sending.append(time.monotonic())
+            await trace(name, info)
+
+        request.extensions["trace"] = marked
         return await pool_send(request)
 
     pool.send = send_marked
     with pytest.raises(stallproof.WriteTimeout) as info:
         await client.chat.completions.create(model="m", messages=big, timeout=t(write=0.5))
-    elapsed = time.monotonic() - handed[0]
+    elapsed = time.monotonic() - sending[0]
     assert 0.5 <= elapsed <= 0.5 + MARGIN, elapsed
     assert info.value.phase == "sending"
 
