@@ -47,7 +47,8 @@ demo: $(STAMP)
 # pytest-xdist workers. Most of the suite's time is real deadlines waiting (~85% of its
 # worker-seconds), which overlap, so four per core of a 2-core runner; each worker starts its
 # own session fault server. The margins hold with both cores busy besides: with two busy
-# loops (scripts/stress_tests.py), 8 workers run the suite in ~115-120 s, 4 in ~210 s.
+# loops (scripts/stress_tests.py, or `make test` itself), 8 workers run the suite in 110-125 s,
+# 4 in ~210 s.
 WORKERS ?= 8
 
 # The suite keeps compiled modules (and pytest's rewritten test modules) in __pycache__,
