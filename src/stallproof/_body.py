@@ -414,8 +414,9 @@ class ResponseBody:
         buffer: thousands of events in a flood), the bound the caller's time has used up
         fails the call now, not at the next read: an SDK parsing a quarter megabyte of
         empty chunks on a starved process would make ``idle`` that much late. Total always
-        counts; first_token or idle only after a read that brought no content (see
-        `_step`)."""
+        counts; first_token or idle once the caller's time counts: after a read that
+        brought no content (`_step`), or once it took the last content queued
+        (`_content_taken`)."""
         call = self._call
         now = call.now()
         if now >= call.total_deadline:

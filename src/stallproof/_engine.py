@@ -365,7 +365,9 @@ class Engine:
         (`bounded`: total and its phase bounds): most calls succeed at once, and
         tenacity's machinery (its loop, its state, closures per call) and the total scope
         around retries and their waits are built only when a failure may be retried
-        (`_retry`). The attempt is awaited from here, not from a layer of its own: a
+        (`_retry`). A non-2xx answer goes through that loop as its `APIStatusError` (the
+        policy decides on those); when the loop gives up on one, the response itself goes
+        back to `send`. The attempt is awaited from here, not from a layer of its own: a
         call stalled in flight holds one coroutine less for the garbage collector to walk
         (thousands may be in flight).
         """
