@@ -223,6 +223,8 @@ async def test_the_callers_time_between_the_events_of_one_read_counts_at_once(
     pieces = 1 if not one_read else 2
     late = sum(t > started + IDLE for t in got)
     assert late <= (1 if kind == "client" else pieces * PER_PIECE) + 2, (late, len(got))
+    if kind == "client":
+        assert_pool_clean(client)  # the call ended between two events released its connection
 
 
 # The flood before content: a fixed size, read whole before first_token fires (it takes
