@@ -220,13 +220,16 @@ async def test_a_peer_that_stops_reading_is_a_write_timeout(
     fault_server: Any, make_client: MakeClient
 ) -> None:
     client = make_client(fault_server.url("half_open", hold=HOLD))
-    # Far more than loopback's socket buffers hold, so the write must block.
-    big: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x" * (48 * 1024 * 1024)}]
+    # Far more than loopback's socket buffers hold (a send buffer of at most 4 MiB; the
+    # peer never reads, so its receive buffer never grows), so the write must block. Not
+    # 48 MiB: copying that into the transport's buffer before the bound starts took 0.3 s
+    # of a starved worker, which the clock below cannot leave out.
+    big: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x" * (16 * 1024 * 1024)}]
     # The write bound starts after the body is serialised and the connection made: timed
     # from where the wire says it starts sending (the trace event the call's phase comes
-    # from), the 48 MiB already encoded. (A stopwatch around the whole call, less a
+    # from), the body already encoded. (A stopwatch around the whole call, less a
     # serialisation timed beforehand, swung by half a second on a loaded machine; a mark
-    # at the pool's entry still counted encoding 48 MiB.)
+    # at the pool's entry still counted the encoding.)
     pool = engine_of(client).pool
     pool_send = pool.send
     sending: list[float] = []
