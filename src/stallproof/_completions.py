@@ -158,6 +158,7 @@ class Completions:
             InvalidRequestError: the arguments cannot be sent.
         """
         prepared = self._prepare("create", {"stream": stream, **params})
+        del params  # its values are in the request now; not held while the call runs
         result: ChatCompletion | AsyncStream = await self._client._run(prepared)
         return result
 

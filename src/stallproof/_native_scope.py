@@ -109,10 +109,12 @@ class NativeCancelScope:
         assert self._loop is not None
         if self._handle is not None:
             self._handle.cancel()
-        self._handle = self._loop.call_at(when, self._on_timer, context=_empty_context())
+        # The scope itself is the callback (`__call__`): no bound method per call in flight.
+        self._handle = self._loop.call_at(when, self, context=_empty_context())
         self._armed_at = when
 
-    def _on_timer(self) -> None:
+    def __call__(self) -> None:
+        """The timer's callback: the deadline passed (or the timer moves on to it)."""
         self._handle = None
         task = self._task
         if task is None or self._fired:
@@ -123,9 +125,7 @@ class NativeCancelScope:
         if task.cancelling() > self._cancelling:  # type: ignore[attr-defined]
             # Someone else's cancellation is in flight: it unwinds this scope anyway.
             assert self._loop is not None
-            self._handle = self._loop.call_later(
-                _HELD_BACK, self._on_timer, context=_empty_context()
-            )
+            self._handle = self._loop.call_later(_HELD_BACK, self, context=_empty_context())
             return
         self._fired = True
         task.cancel()

@@ -121,6 +121,7 @@ class Responses:
             InvalidRequestError: the arguments cannot be sent.
         """
         prepared = self._prepare({"stream": stream, **params})
+        del params  # its values are in the request now; not held while the call runs
         result: Response | ResponseStream = await self._client._run(prepared)
         return result
 
