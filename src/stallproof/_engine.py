@@ -226,6 +226,8 @@ class Engine:
         self.pool: Wire = pool
         # An attempt may be bounded on asyncio's own cancellation (`Call.bounded`).
         self._native_bounds = isinstance(pool, Pool) and pool.unshielded
+        # stallproof's pool builds an attempt's request once it has a connection for it.
+        self._own_wire = pool if isinstance(pool, Pool) else None
         self._rng = random.Random()
         # Headers already found fine (`check_headers`): a client sends the same on every call.
         self._known_headers: set[tuple[bytes, bytes]] = set()
@@ -455,11 +457,15 @@ class Engine:
             if circuit is not None:
                 with call.within_total():  # a shared circuit asks Redis: inside the deadline
                     await scope.admit(circuit)
-            request = _pool_request(out, call, n, of, carrier)
+            own = self._own_wire
             pool_response: httpcore2.Response | None = None
             try:
                 with call.bounded(native=self._native_bounds):
-                    pool_response = await self.pool.send(request)
+                    if own is not None:
+                        pool_response = await own.send(_Planned(out, call, n, of, carrier))
+                    else:
+                        request = _pool_request(out, call, n, of, carrier)
+                        pool_response = await self.pool.send(request)
                     status, headers, body = await self._answer(scope, pool_response)
             except _StatusFailure as failure:
                 scope.attempt_ended(failure.error, failure.error.status_code)
@@ -696,6 +702,43 @@ def _redirected(out: Outgoing, status: int, location: bytes, call: Call) -> Outg
     call.method = method.decode("ascii")
     call.url = nxt.url
     return nxt
+
+
+class _Planned:
+    """Attempt ``n`` of ``of`` as the pool's `RequestPlan`: what stallproof's pool needs to
+    find it a connection; the request itself (`_pool_request`) is built once it has one. A
+    call waiting in the pool's queue holds this, not the request's five objects (thousands
+    may wait)."""
+
+    __slots__ = ("_call", "_carrier", "_n", "_of", "_out", "pool_timeout")
+
+    def __init__(
+        self, out: Outgoing, call: Call, n: int, of: int, carrier: Mapping[str, str]
+    ) -> None:
+        self._out = out
+        self._call = call
+        self._n = n
+        self._of = of
+        self._carrier = carrier
+        # As `_pool_request` leaves out a bound that cannot fire before total; fixed now,
+        # when the wait for a connection starts.
+        pool = call.timeouts.pool
+        self.pool_timeout = pool if pool <= call.total_deadline - call.now() else None
+
+    @property
+    def scheme(self) -> bytes:
+        return self._out.scheme
+
+    @property
+    def host(self) -> bytes:
+        return self._out.host
+
+    @property
+    def port(self) -> int | None:
+        return self._out.port
+
+    def build(self) -> httpcore2.Request:
+        return _pool_request(self._out, self._call, self._n, self._of, self._carrier)
 
 
 def _pool_request(

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import anyio
+import httpcore2
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -235,6 +236,8 @@ async def test_a_peer_that_stops_reading_is_a_write_timeout(
     sending: list[float] = []
 
     async def send_marked(request: Any) -> Any:
+        if not isinstance(request, httpcore2.Request):
+            request = request.build()  # a `RequestPlan`: built once a connection is free
         trace = request.extensions["trace"]
 
         async def marked(name: str, info: Any) -> None:

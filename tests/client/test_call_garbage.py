@@ -10,12 +10,15 @@ could free.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import socket
 import types
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import httpcore2
 import pytest
 
 import stallproof
@@ -25,6 +28,7 @@ from stallproof._callscope import CallScope
 from stallproof._telemetry import CallTelemetry
 
 from ..support.clients import MakeClient
+from ..support.timing import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -83,3 +87,47 @@ async def test_a_call_ended_by_its_deadline_leaves_no_cycle(
         black_hole, retry=stallproof.Retry(), timeout=stallproof.Timeouts(total=0.2)
     )
     assert await _calls_without_gc(client, 3, stallproof.TotalTimeout) == []
+
+
+# GC-tracked objects a call waiting for a connection may hold, its asyncio task included
+# (28 to 29 on CPython 3.11; 39 when each waiting call still held its built request, the
+# pool's own waiting coroutine and the per-call defaults).
+WAITING_OBJECTS = 32
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # what a task costs is the loop's
+async def test_a_call_waiting_for_a_connection_holds_few_objects_and_no_request(
+    make_client: MakeClient, black_hole: str
+) -> None:
+    """Thousands of calls may wait for a connection at once, and every full collection walks
+    every object each of them holds: at 10,000 calls that pause is the tail of the deadline
+    (benchmarks/scale.py). A waiting call holds the pool's `RequestPlan`, not its request
+    (built once it has a connection), and few objects in all."""
+    client = make_client(
+        black_hole,
+        limits=stallproof.Limits(max_connections=1, max_keepalive_connections=1),
+        timeout=stallproof.Timeouts(total=10),
+    )
+    pool = client._engine.pool
+    n = 50
+    first = asyncio.ensure_future(client.chat.completions.create(**BODY))
+    await wait_until(lambda: pool.stats().in_use == 1, what="the one connection taken")
+    gc.collect()
+    known = {id(o) for o in gc.get_objects()}
+    waiting = [asyncio.ensure_future(client.chat.completions.create(**BODY)) for _ in range(n)]
+    try:
+        await wait_until(lambda: pool.stats().waiting == n, what="every call queued")
+        gc.collect()
+        new = [o for o in gc.get_objects() if id(o) not in known]
+        assert [o for o in new if isinstance(o, httpcore2.Request)] == []
+        per_call = len(new) / n
+        assert per_call <= WAITING_OBJECTS, sorted(
+            Counter(type(o).__name__ for o in new).items(), key=lambda kv: -kv[1]
+        )
+        del new
+    finally:
+        for task in (first, *waiting):
+            task.cancel()
+        outcomes = await asyncio.gather(first, *waiting, return_exceptions=True)
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert pool.stats().nothing_held

@@ -61,7 +61,7 @@ async def test_the_connection_is_chosen_by_backend(raw_server: Any, anyio_backen
     srv = raw_server(always(response(200, OK)))
     for kind in ("auto", "httpcore2"):
         pool = Pool(stallproof.Limits(), connection=kind)
-        conn = pool._new(httpcore2.Origin(b"http", b"127.0.0.1", srv.port), None)
+        conn = pool._new((b"http", b"127.0.0.1", srv.port, None))
         fast = anyio_backend == "asyncio" and kind == "auto"
         assert isinstance(conn, H1Connection) is fast
         await conn.aclose()
@@ -319,11 +319,11 @@ async def test_the_environment_can_take_the_asyncio_wire_back(
     raw_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     srv = raw_server(always(response(200, OK)))
-    origin = httpcore2.Origin(b"http", b"127.0.0.1", srv.port)
+    key = (b"http", b"127.0.0.1", srv.port, None)
     for value, fast in (("httpcore2", False), ("", True), ("auto", True)):
         monkeypatch.setenv("STALLPROOF_CONNECTION", value)
         pool = open_pool(stallproof.Limits(), trust_env=False)
-        conn = pool._new(origin, None)
+        conn = pool._new(key)
         assert isinstance(conn, H1Connection) is fast
         await conn.aclose()
     monkeypatch.setenv("STALLPROOF_CONNECTION", "h3")

@@ -667,9 +667,9 @@ async def test_https_connections_share_one_ssl_context() -> None:
     pool = Pool(stallproof.Limits())
     route = ProxyRoute("https://proxy.example:3128")
     conns = [
-        pool._new(httpcore2.Origin(b"https", b"a.example", 443), None),
-        pool._new(httpcore2.Origin(b"https", b"b.example", 443), None),
-        pool._new(httpcore2.Origin(b"https", b"c.example", 443), route),
+        pool._new((b"https", b"a.example", 443, None)),
+        pool._new((b"https", b"b.example", 443, None)),
+        pool._new((b"https", b"c.example", 443, route)),
     ]
     context = shared_ssl_context()
     assert all(c._ssl_context is context for c in conns[:2])  # type: ignore[attr-defined]

@@ -29,6 +29,6 @@ from __future__ import annotations
 
 from ._base import Wire
 from ._httpx_pool import HttpxClientPool, TransportPool
-from ._pool import Pool, PoolStats
+from ._pool import Pool, PoolStats, RequestPlan
 
-__all__ = ["HttpxClientPool", "Pool", "PoolStats", "TransportPool", "Wire"]
+__all__ = ["HttpxClientPool", "Pool", "PoolStats", "RequestPlan", "TransportPool", "Wire"]

@@ -38,7 +38,7 @@ import dataclasses
 import os
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import httpcore2
@@ -52,7 +52,7 @@ from ._network import Network
 from ._proxy import ProxyRoute, ProxyRoutes, ProxyTypes, proxy_routes
 from ._tls import shared_ssl_context
 
-__all__ = ["CONNECTIONS", "Pool", "PoolStats", "open_pool"]
+__all__ = ["CONNECTIONS", "Pool", "PoolStats", "RequestPlan", "open_pool"]
 
 CONNECTIONS = ("auto", "httpcore2")
 
@@ -90,6 +90,34 @@ _Key = tuple[bytes, bytes, int, ProxyRoute | None]
 host, port, and the proxy it goes through (None: direct; routes hash by identity)."""
 
 
+class RequestPlan(Protocol):
+    """A request the pool builds only once it holds a connection for it (`Pool.send`).
+
+    Thousands of calls may wait for a connection at once; a waiting call that holds only
+    its plan holds none of the request's objects (its URL, headers, body stream,
+    extensions) for the garbage collector to walk, and one that never gets a connection
+    never builds them.
+    """
+
+    @property
+    def scheme(self) -> bytes: ...
+
+    @property
+    def host(self) -> bytes: ...
+
+    @property
+    def port(self) -> int | None: ...
+
+    @property
+    def pool_timeout(self) -> float | None:
+        """How long to wait for a connection (None: what encloses the call bounds it)."""
+        ...
+
+    def build(self) -> httpcore2.Request:
+        """The request, built when a connection is there to send it on."""
+        ...
+
+
 class _Waiter:
     """A call waiting for a connection; ``granted`` is set (and the waiter woken) when it
     has one, ``fresh`` when that is a new connection, not yet connected.
@@ -102,11 +130,9 @@ class _Waiter:
     it leaves (`Pool._leave`).
     """
 
-    __slots__ = ("_future", "_task", "fresh", "granted", "key", "origin", "route")
+    __slots__ = ("_future", "_task", "fresh", "granted", "key")
 
-    def __init__(self, origin: httpcore2.Origin, route: ProxyRoute | None, key: _Key) -> None:
-        self.origin = origin
-        self.route = route
+    def __init__(self, key: _Key) -> None:
         self.key = key
         self.granted: _Conn | None = None
         self.fresh = False
@@ -212,32 +238,74 @@ class Pool:
 
     # -- sending -----------------------------------------------------------------------------
 
-    async def send(self, request: httpcore2.Request) -> httpcore2.Response:
+    async def send(self, request: httpcore2.Request | RequestPlan) -> httpcore2.Response:
         """Send ``request`` on a connection of its origin; the body, once closed, frees it.
+
+        A `RequestPlan` is built once a connection is there for it.
 
         Raises:
             httpcore2.PoolTimeout: no connection within ``request.extensions["timeout"]["pool"]``.
             httpcore2.UnsupportedProtocol: not an http(s) URL.
             httpcore2 errors of the connection (connect, read, write, protocol).
         """
-        scheme = request.url.scheme
+        if isinstance(request, httpcore2.Request):
+            url = request.url
+            scheme, host, port = url.scheme, url.host, url.port
+        else:
+            scheme, host, port = request.scheme, request.host, request.port
         if scheme not in (b"http", b"https"):
             raise httpcore2.UnsupportedProtocol(
                 f"unsupported URL scheme {scheme.decode('ascii', 'replace')!r}"
             )
-        origin = request.url.origin
-        route = self.proxies.route(origin) if self.proxies is not None else None
-        if route is not None:
-            route.check()
-        key = (origin.scheme, origin.host, origin.port, route)
+        port = port or (443 if scheme == b"https" else 80)
+        route = None
+        if self.proxies is not None:
+            route = self.proxies.route(httpcore2.Origin(scheme, host, port))
+            if route is not None:
+                route.check()
+        key = (scheme, host, port, route)
         closing: list[_Conn] = []
-        conn = self._checkout(origin, route, key, closing)
+        conn = self._checkout(key, closing)
         try:
             await _close(closing)
             del closing  # not held while the call waits (thousands may)
-            if conn is None:  # _wait gives back what it was granted if it fails
-                timeout = request.extensions.get("timeout", {}).get("pool")
-                conn = await self._wait(_Waiter(origin, route, key), timeout)
+            if conn is None:
+                # The wait is here, not in a coroutine of its own: thousands of calls may
+                # wait at once, and each coroutine is one more object per call for the
+                # garbage collector to walk. A waiter that fails gives back what it was
+                # granted (`_leave`); ``conn`` is still None then.
+                waiter = _Waiter(key)
+                self._waiting[waiter] = None
+                timeout = (
+                    request.extensions.get("timeout", {}).get("pool")
+                    if isinstance(request, httpcore2.Request)
+                    else request.pool_timeout
+                )
+                try:
+                    if timeout is None:
+                        # No cancel scope (and no timer) at all: what encloses the call
+                        # bounds it.
+                        await waiter.wait()
+                        timed_out = False
+                    else:
+                        # A bare cancel scope, not `anyio.fail_after` (two generators and
+                        # their context managers more per waiting call).
+                        deadline = anyio.current_time() + timeout
+                        with anyio.CancelScope(deadline=deadline) as cancel_scope:
+                            await waiter.wait()
+                        timed_out = cancel_scope.cancelled_caught
+                except BaseException:
+                    await self._leave(waiter)
+                    raise
+                if timed_out:
+                    await self._leave(waiter)
+                    raise httpcore2.PoolTimeout(f"no connection free within {timeout} s")
+                conn = waiter.granted
+                if conn is None:  # pragma: no cover - woken only with a connection
+                    raise RuntimeError("the pool woke a waiter without a connection")
+                del waiter
+            if not isinstance(request, httpcore2.Request):
+                request = request.build()
             response = await conn.handle_async_request(request)
         except BaseException:
             if conn is not None:
@@ -262,13 +330,7 @@ class Pool:
 
     # -- the bookkeeping: no awaits below this line until _close -----------------------------
 
-    def _checkout(
-        self,
-        origin: httpcore2.Origin,
-        route: ProxyRoute | None,
-        key: _Key,
-        closing: list[_Conn],
-    ) -> _Conn | None:
+    def _checkout(self, key: _Key, closing: list[_Conn]) -> _Conn | None:
         """An idle connection for ``key``, a new one if a slot is free, else None."""
         idle = self._idle.get(key)
         while idle:
@@ -285,9 +347,11 @@ class Pool:
                 return None
             closing.append(self._evict_oldest_idle())
             self._open -= 1
-        return self._new(origin, route)
+        return self._new(key)
 
-    def _new(self, origin: httpcore2.Origin, route: ProxyRoute | None) -> _Conn:
+    def _new(self, key: _Key) -> _Conn:
+        scheme, host, port, route = key
+        origin = httpcore2.Origin(scheme, host, port)
         conn: _Conn
         ssl_context = self._ssl_context
         if ssl_context is None and origin.scheme == b"https":
@@ -332,30 +396,6 @@ class Pool:
         del self._idle[key][conn]
         return conn
 
-    async def _wait(self, waiter: _Waiter, timeout: float | None) -> _Conn:
-        self._waiting[waiter] = None
-        # A bare cancel scope, not `anyio.fail_after` (two generators and their context
-        # managers more per waiting call: thousands of calls may wait at once).
-        # No timeout: no cancel scope (and no timer) at all; whatever encloses the call bounds it.
-        try:
-            if timeout is None:
-                await waiter.wait()
-                timed_out = False
-            else:
-                with anyio.CancelScope(deadline=anyio.current_time() + timeout) as cancel_scope:
-                    await waiter.wait()
-                timed_out = cancel_scope.cancelled_caught
-        except BaseException:
-            await self._leave(waiter)
-            raise
-        if timed_out:
-            await self._leave(waiter)
-            raise httpcore2.PoolTimeout(f"no connection free within {timeout} s")
-        granted = waiter.granted
-        if granted is None:  # pragma: no cover - woken only with a connection
-            raise RuntimeError("the pool woke a waiter without a connection")
-        return granted
-
     async def _leave(self, waiter: _Waiter) -> None:
         """A waiter gives up (timed out, cancelled): out of the queue, or, if it was
         granted a connection as it was leaving, the connection goes on to the next waiter."""
@@ -392,7 +432,7 @@ class Pool:
                 if not fresh:
                     closing.append(conn)
                 self._open -= 1
-            waiter.granted = self._new(waiter.origin, waiter.route)
+            waiter.granted = self._new(waiter.key)
             waiter.fresh = True
         waiter.wake()
         return True
