@@ -13,18 +13,23 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType, TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 import h11
 import httpcore2
 
 from . import _exceptions as exc
-from ._clock import is_asyncio_clock, loop_clock
+from ._clock import is_asyncio_clock, is_trio_clock, loop_clock
 from ._config import Timeouts
 from ._deadline import ActiveDeadline
 from ._inflight import InflightCall
 from ._native_scope import NativeCancelScope
+
+if TYPE_CHECKING:
+    import trio
+
+    _Scope = anyio.CancelScope | NativeCancelScope | trio.CancelScope
 
 __all__ = ["Call", "PhaseListener"]
 
@@ -62,6 +67,7 @@ class Call:
     __slots__ = (
         "_bound",
         "_cancel_scope",
+        "_on_trio",
         "agent",
         "attempt",
         "bytes_received",
@@ -136,7 +142,9 @@ class Call:
         self.content_chunks = 0
         self.shared: str | None = None  # fleet state: "redis", "local (why)"; None: unshared
         self.telemetry: PhaseListener | None = None
-        self._cancel_scope: anyio.CancelScope | NativeCancelScope | None = None
+        self._cancel_scope: _Scope | None = None
+        # On trio, a bound is trio's own cancel scope: anyio's wraps one (`_Bounded`).
+        self._on_trio = is_trio_clock(self.now)
         self._bound = "total"
 
     # -- the in-flight view (the engine's registry holds the call; `CallScope.end` removes it)
@@ -416,9 +424,15 @@ class _Bounded:
         self._call = call
         self._bound = bound
         self._translate = translate
-        self.cancel_scope: anyio.CancelScope | NativeCancelScope = (
-            NativeCancelScope(deadline) if native else anyio.CancelScope(deadline=deadline)
-        )
+        # On trio, trio's own cancel scope: anyio's on trio wraps one, an object more per
+        # call in flight and frames more per block, for the same job.
+        self.cancel_scope: _Scope
+        if native:
+            self.cancel_scope = NativeCancelScope(deadline)
+        elif call._on_trio:
+            self.cancel_scope = sys.modules["trio"].CancelScope(deadline=deadline)
+        else:
+            self.cancel_scope = anyio.CancelScope(deadline=deadline)
 
     def __enter__(self) -> None:
         self.cancel_scope.__enter__()

@@ -21,6 +21,7 @@ __all__ = ["Clock", "is_asyncio_clock", "loop_clock", "on_clock", "running_clock
 Clock = Callable[[], float]
 
 _last_clock: tuple[asyncio.AbstractEventLoop, Clock] | None = None
+_last_trio_clock: tuple[object, Clock] | None = None
 
 
 def running_clock() -> Clock | None:
@@ -75,10 +76,24 @@ def loop_clock() -> Clock:
     if library == "trio":
         import trio
 
+        global _last_trio_clock
         # The run's clock object (a test's MockClock too): its method, unlike
         # `trio.current_time`, answers from any thread (`stallproof.inflight()` reads it).
-        return trio.lowlevel.current_clock().current_time
+        # One bound method per run's clock, not one per call (thousands may be in flight).
+        run_clock = trio.lowlevel.current_clock()
+        last_trio = _last_trio_clock
+        if last_trio is not None and last_trio[0] is run_clock:
+            return last_trio[1]
+        clock = run_clock.current_time
+        _last_trio_clock = (run_clock, clock)
+        return clock
     return anyio.current_time  # pragma: no cover - another anyio backend
+
+
+def is_trio_clock(clock: Clock) -> bool:
+    """Whether ``clock`` (from `loop_clock`) is a trio run's."""
+    trio = sys.modules.get("trio")
+    return trio is not None and isinstance(getattr(clock, "__self__", None), trio.abc.Clock)
 
 
 def is_asyncio_clock(clock: Clock) -> bool:

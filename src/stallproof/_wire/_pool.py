@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import os
 import ssl
+import sys
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable
 from typing import Any, Protocol
 
@@ -140,23 +141,22 @@ class _Waiter:
         self._task: Any = None  # trio: the parked task until it is woken or cancelled
 
     def wait(self) -> Awaitable[None]:
-        """Sleep until `wake` (cancellable: a cancel scope around it ends the wait)."""
+        """Sleep until `wake` (cancellable: a cancel scope around it ends the wait).
+
+        What it returns is awaited as it is: no coroutine of ours per waiting call. On
+        trio the waiter is its own abort function (`__call__`): no bound method either.
+        """
         if sniffio.current_async_library() == "asyncio":
             self._future = future = asyncio.get_running_loop().create_future()
-            return future  # awaited as it is: no coroutine of ours per waiting call
-        return self._park()
+            return future
+        lowlevel = sys.modules["trio"].lowlevel
+        self._task = lowlevel.current_task()
+        return lowlevel.wait_task_rescheduled(self)  # type: ignore[no-any-return]
 
-    async def _park(self) -> None:
-        import trio
-
-        self._task = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
-
-    def _abort(self, raise_cancel: object) -> Any:
-        import trio
-
-        self._task = None  # cancelled while parked: never rescheduled
-        return trio.lowlevel.Abort.SUCCEEDED
+    def __call__(self, raise_cancel: object) -> Any:
+        """trio's abort function: cancelled while parked, so never rescheduled."""
+        self._task = None
+        return sys.modules["trio"].lowlevel.Abort.SUCCEEDED
 
     def wake(self) -> None:
         future = self._future
