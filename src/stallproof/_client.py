@@ -262,7 +262,6 @@ class Client:
             retry=opts.retry,  # UNSET: the engine's, which is this client's
             agent=opts.agent,
             labels=opts.labels,
-            body=body,
             upstream=self._upstream,
             operation=path.split("/", 1)[0],
         )
@@ -288,14 +287,17 @@ class Client:
 
     async def _run(self, prepared: Prepared[R]) -> R:
         # `_send`, with the engine awaited from here: a call stalled in flight holds one
-        # coroutine less (thousands may be in flight; docs/pool.md).
+        # coroutine less (thousands may be in flight; docs/pool.md). Nor does it hold
+        # ``prepared`` (its caller passes it on without keeping it): the request has what
+        # the call needs, and the result needs only ``convert``.
+        convert = prepared.convert
         p = prepared
-        incoming = await self._engine.send(
-            self._outgoing(p.method, p.path, p.body, p.opts, stream=p.stream)
-        )
+        out = self._outgoing(p.method, p.path, p.body, p.opts, stream=p.stream)
+        del prepared, p
+        incoming = await self._engine.send(out)
         if incoming.error is not None:
             await _raise_status(incoming)
-        return await prepared.convert(incoming)
+        return await convert(incoming)
 
 
 async def _raise_status(incoming: Incoming) -> NoReturn:

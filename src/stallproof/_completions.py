@@ -157,9 +157,11 @@ class Completions:
             TransportError, ProtocolError, APIStatusError: see the exception tree.
             InvalidRequestError: the arguments cannot be sent.
         """
-        prepared = self._prepare("create", {"stream": stream, **params})
-        del params  # its values are in the request now; not held while the call runs
-        result: ChatCompletion | AsyncStream = await self._client._run(prepared)
+        run = self._client._run(self._prepare("create", {"stream": stream, **params}))
+        # Neither the arguments nor the prepared call are held while it runs (thousands
+        # may be in flight): the request has their values.
+        del params
+        result: ChatCompletion | AsyncStream = await run
         return result
 
     async def parse(

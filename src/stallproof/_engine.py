@@ -122,6 +122,9 @@ class Outgoing:
     content: bytes = b""
     timeout: Mapping[str, float | None] | None = None
     options: CallOptions = _NO_OPTIONS
+    body: Mapping[str, Any] | None = None
+    """The JSON body ``content`` encodes, if the face has it as a mapping: `Engine.send`
+    reads what it needs (model, stream, messages) as the call starts and drops it."""
 
     @property
     def url(self) -> str:
@@ -283,7 +286,10 @@ class Engine:
                 (`InvalidRequestError`). Non-2xx answers are returned, not raised.
         """
         opts = out.options
-        meta = opts.body if opts.body is not None else _peek_json(out)
+        body = out.body if out.body is not None else opts.body
+        out.body = None  # read once, here: not held while the call runs (thousands may)
+        meta = body if body is not None else _peek_json(out)
+        del body
         policy = self._resolve_retry(opts.retry)
         # Refused by name before anything is sent: the HTTP layer's own error would quote
         # the value, and the value of a bad Authorization header is the key. (Checked
@@ -298,11 +304,13 @@ class Engine:
             circuit.check()  # while open, fail before doing any work at all
         _prepare_headers(out, call.request_id, policy)
         scope = CallScope(call, self._start_telemetry(out, call, meta), self._calls)
+        estimated = _estimate(self._pacing.policy, meta) if self._pacing is not None else 0
+        del meta  # what the call needed of the body it has now
         try:
             if call.remaining() <= 0:
                 raise call.timeout_error("total")
             if self._pacing is not None:
-                await scope.pace(self._pacing, _estimate(self._pacing.policy, meta), circuit)
+                await scope.pace(self._pacing, estimated, circuit)
             incoming = await self._follow(out, scope, policy, circuit)
         except _StatusFailure as failure:
             # Out of attempts (or not retryable): the caller gets the response itself.

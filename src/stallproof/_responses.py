@@ -120,9 +120,11 @@ class Responses:
             TransportError, ProtocolError, APIStatusError: see the exception tree.
             InvalidRequestError: the arguments cannot be sent.
         """
-        prepared = self._prepare({"stream": stream, **params})
-        del params  # its values are in the request now; not held while the call runs
-        result: Response | ResponseStream = await self._client._run(prepared)
+        run = self._client._run(self._prepare({"stream": stream, **params}))
+        # Neither the arguments nor the prepared call are held while it runs (thousands
+        # may be in flight): the request has their values.
+        del params
+        result: Response | ResponseStream = await run
         return result
 
 

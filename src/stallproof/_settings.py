@@ -197,6 +197,7 @@ class Settings:
             headers,
             content,
             options=options,
+            body=body,
         )
 
     @staticmethod
