@@ -210,7 +210,7 @@ class Call:
         """
         return _Bounded(self, self.total_deadline, "total", translate=False)
 
-    def bounded(self, *, native: bool = False) -> _Bounded:
+    def bounded(self, *, native: bool = False) -> _Bounded | _NativeBounded:
         """Run an attempt under total and a phase bound (first_token or idle), whichever
         is first, in one cancel scope whose deadline `rearm` moves (total alone at first);
         the pool's errors are translated to ours (`_translate`).
@@ -224,8 +224,9 @@ class Call:
         not a phase one inside a total one: the first attempt, the only one most calls make,
         needs no other (retries run inside `within_total`, which also bounds their waits).
         """
-        native = native and _COUNTED_CANCELS and is_asyncio_clock(self.now)
-        return _Bounded(self, self.total_deadline, None, translate=True, native=native)
+        if native and _COUNTED_CANCELS and is_asyncio_clock(self.now):
+            return _NativeBounded(self, self.total_deadline, None, translate=True)
+        return _Bounded(self, self.total_deadline, None, translate=True)
 
     def step(self, bound: str, deadline: float) -> _Bounded:
         """One block for one step of a stream: total and a phase bound, whichever is first.
@@ -407,38 +408,27 @@ class _Bounded:
 
     A class, not a generator context manager: thousands of calls may be in flight at
     once, each holding one or two of these, and a generator with its context manager is
-    four more objects per block for the garbage collector to walk.
+    four more objects per block for the garbage collector to walk. On asyncio's own
+    cancellation the block and its scope are one object (`_NativeBounded`).
     """
 
     __slots__ = ("_bound", "_call", "_translate", "cancel_scope")
 
-    def __init__(
-        self,
-        call: Call,
-        deadline: float,
-        bound: str | None,
-        *,
-        translate: bool,
-        native: bool = False,
-    ):
+    def __init__(self, call: Call, deadline: float, bound: str | None, *, translate: bool):
         self._call = call
         self._bound = bound
         self._translate = translate
         # On trio, trio's own cancel scope: anyio's on trio wraps one, an object more per
         # call in flight and frames more per block, for the same job.
         self.cancel_scope: _Scope
-        if native:
-            self.cancel_scope = NativeCancelScope(deadline)
-        elif call._on_trio:
+        if call._on_trio:
             self.cancel_scope = sys.modules["trio"].CancelScope(deadline=deadline)
         else:
             self.cancel_scope = anyio.CancelScope(deadline=deadline)
 
     def __enter__(self) -> None:
         self.cancel_scope.__enter__()
-        if self._bound is None:
-            self._call._cancel_scope = self.cancel_scope
-            self._call._arm(None, None)
+        _entered(self._call, self._bound, self.cancel_scope)
 
     def __exit__(
         self,
@@ -446,30 +436,67 @@ class _Bounded:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        call = self._call
-        bound = self._bound
-        if bound is None:
-            call._cancel_scope = None
-            bound = call._bound
-        cancel_scope = self.cancel_scope
         # (trio's also returns True when the body ended without an exception.)
-        if cancel_scope.__exit__(exc_type, error, tb) and cancel_scope.cancelled_caught:
-            # Our own deadline fired. The frames the cancellation went through have all
-            # returned, but anyio and asyncio keep the exception in a local of one of
-            # them: a cycle with its own traceback that would hold the whole call (its
-            # request, scope, telemetry) until the garbage collector runs. Their locals go;
-            # the traceback, kept as the timeout's ``__context__``, still names every
-            # frame and line. (Frames still running are left as they are.)
-            if error is not None:
-                traceback.clear_frames(error.__traceback__)
-            raise call.timeout_error(bound)
-        if (
-            self._translate
-            and isinstance(error, Exception)
-            and not isinstance(error, exc.StallproofError)
-        ):
-            raise call._translate(error)  # the translated error, or a refusal
-        # Anything else goes on as it is (a cancellation from outside among them).
+        swallowed = self.cancel_scope.__exit__(exc_type, error, tb)
+        _exited(self._call, self._bound, self._translate, self.cancel_scope, swallowed, error)
+
+
+class _NativeBounded(NativeCancelScope):
+    """`_Bounded` on asyncio's own cancellation: the block is its own cancel scope."""
+
+    __slots__ = ("_bound", "_call", "_translate")
+
+    def __init__(self, call: Call, deadline: float, bound: str | None, *, translate: bool):
+        super().__init__(deadline)
+        self._call = call
+        self._bound = bound
+        self._translate = translate
+
+    def __enter__(self) -> None:  # type: ignore[override]  # (as _Bounded: no value)
+        NativeCancelScope.__enter__(self)
+        _entered(self._call, self._bound, self)
+
+    def __exit__(  # type: ignore[override]  # (as _Bounded: raises, never swallows)
+        self,
+        exc_type: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        swallowed = NativeCancelScope.__exit__(self, exc_type, error, tb)
+        _exited(self._call, self._bound, self._translate, self, swallowed, error)
+
+
+def _entered(call: Call, bound: str | None, cancel_scope: _Scope) -> None:
+    if bound is None:
+        call._cancel_scope = cancel_scope
+        call._arm(None, None)
+
+
+def _exited(
+    call: Call,
+    bound: str | None,
+    translate: bool,
+    cancel_scope: _Scope,
+    swallowed: bool | None,
+    error: BaseException | None,
+) -> None:
+    """The end of a bounded block: its own deadline's timeout raised, the pool's errors
+    translated, anything else (a cancellation from outside among them) left to go on."""
+    if bound is None:
+        call._cancel_scope = None
+        bound = call._bound
+    if swallowed and cancel_scope.cancelled_caught:
+        # Our own deadline fired. The frames the cancellation went through have all
+        # returned, but anyio and asyncio keep the exception in a local of one of
+        # them: a cycle with its own traceback that would hold the whole call (its
+        # request, scope, telemetry) until the garbage collector runs. Their locals go;
+        # the traceback, kept as the timeout's ``__context__``, still names every
+        # frame and line. (Frames still running are left as they are.)
+        if error is not None:
+            traceback.clear_frames(error.__traceback__)
+        raise call.timeout_error(bound)
+    if translate and isinstance(error, Exception) and not isinstance(error, exc.StallproofError):
+        raise call._translate(error)  # the translated error, or a refusal
 
 
 def _describe(e: BaseException) -> str:

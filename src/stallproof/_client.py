@@ -22,7 +22,7 @@ from ._faces._compat import timeouts_from
 from ._inflight import InflightCall
 from ._pacer import PacerState
 from ._policies import Breaker, Pacer, Retry, RetryBudget
-from ._raw import PerCall, Prepared
+from ._raw import DEFAULT_PER_CALL, PerCall, Prepared
 from ._redact import safe_url
 from ._resources import Embeddings, Models
 from ._responses import Responses
@@ -167,6 +167,9 @@ class Client:
         self.max_retries = s.retry.attempts - 1
         # The breaker's key shows in circuits(), CircuitOpen and log lines: no userinfo.
         self._upstream = safe_url(s.base_url)
+        # The engine's options of a call that passes no per-call argument, per operation:
+        # all this client's own (frozen), so one object for every such call.
+        self._plain_options: dict[str, CallOptions] = {}
         self.chat = Chat(self)
         self.beta = Beta(self.chat)
         self.models = Models(self)
@@ -257,19 +260,28 @@ class Client:
         self, method: bytes, path: str, body: dict[str, Any] | None, opts: PerCall, *, stream: bool
     ) -> Outgoing:
         """The request the engine sends for one call of this client."""
-        options = CallOptions(
-            timeouts=self._resolve_timeouts(opts.timeout),
-            retry=opts.retry,  # UNSET: the engine's, which is this client's
-            agent=opts.agent,
-            labels=opts.labels,
-            upstream=self._upstream,
-            operation=path.split("/", 1)[0],
-        )
+        operation = path.split("/", 1)[0]  # (a fixed few: "chat", "responses", "models"...)
+        if opts is DEFAULT_PER_CALL:
+            options = self._plain_options.get(operation)
+            if options is None:
+                options = self._plain_options[operation] = self._options(operation, opts)
+        else:
+            options = self._options(operation, opts)
         s = self._settings
         out = s.outgoing(method, path, body, options, stream=stream)
         s.add_headers(out, opts.extra_headers)
         s.add_query(out, opts.extra_query)
         return out
+
+    def _options(self, operation: str, opts: PerCall) -> CallOptions:
+        return CallOptions(
+            timeouts=self._resolve_timeouts(opts.timeout),
+            retry=opts.retry,  # UNSET: the engine's, which is this client's
+            agent=opts.agent,
+            labels=opts.labels,
+            upstream=self._upstream,
+            operation=operation,
+        )
 
     async def _send(
         self, method: bytes, path: str, body: dict[str, Any] | None, opts: PerCall, *, stream: bool

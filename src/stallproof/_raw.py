@@ -26,7 +26,15 @@ from ._engine import Incoming
 from ._policies import Retry
 from ._request import is_omitted
 
-__all__ = ["PerCall", "Prepared", "RawResponse", "Sender", "StreamingResponse", "raw_wrapper"]
+__all__ = [
+    "DEFAULT_PER_CALL",
+    "PerCall",
+    "Prepared",
+    "RawResponse",
+    "Sender",
+    "StreamingResponse",
+    "raw_wrapper",
+]
 
 R = TypeVar("R")
 
@@ -82,7 +90,7 @@ class PerCall:
         less per call in flight for the garbage collector to walk (thousands may be).
         """
         if params.keys().isdisjoint(_PER_CALL):
-            return _DEFAULT_PER_CALL
+            return DEFAULT_PER_CALL
         retry = params.pop("retry", UNSET)
         return cls(
             timeout=params.pop("timeout", UNSET),
@@ -95,7 +103,7 @@ class PerCall:
 
 
 _PER_CALL = frozenset(f.name for f in dataclasses.fields(PerCall))
-_DEFAULT_PER_CALL = PerCall()
+DEFAULT_PER_CALL = PerCall()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
