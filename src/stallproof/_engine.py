@@ -460,7 +460,7 @@ class Engine:
         call = scope.call
         call.start_attempt(n)
         telemetry = scope.telemetry
-        carrier, token = telemetry.enter_attempt(n, out.url)
+        carrier, token = telemetry.enter_attempt(n, call.url or out.url)
         try:
             if circuit is not None:
                 with call.within_total():  # a shared circuit asks Redis: inside the deadline
