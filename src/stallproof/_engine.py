@@ -19,10 +19,11 @@ SDK the response it expects; ``Incoming.error`` carries the matching `APIStatusE
 faces that raise it themselves.
 
 The layers, one concern each (httpx's ``send → _send_handling_auth → ...``), none longer
-than a screen: `send` owns the call (`_open_call` makes its state, `_prepare_headers` what
-every attempt sends), `_follow` its redirects (each hop inside the one deadline, at most
-``Limits.max_redirects``: see `stallproof._redirects`) and each hop's first attempt,
-`_retry` the retry loop after a retryable failure, `_attempt` one request in its span
+than a screen: `send` owns the call, its redirects (each hop inside the one deadline, at
+most ``Limits.max_redirects``: see `stallproof._redirects`) and each hop's first attempt
+(`_open` does what comes before its first await: `_open_call` makes its state,
+`_prepare_headers` what every attempt sends), `_retry` the retry loop after a retryable
+failure, `_attempt` one request in its span
 (`_pool_request` builds it, `_answer` reads what came back: `_head` the head,
 `_error_body` a non-2xx answer, `_read_whole` a body). What a call stalled in flight holds
 is counted: thousands may be, and the garbage collector walks every coroutine of each
@@ -277,19 +278,89 @@ class Engine:
     # -- the call --------------------------------------------------------------------------
 
     async def send(self, out: Outgoing) -> Incoming:
-        """Make one logical call: pace, attempt (and retry), and hand back the response.
+        """Make one logical call: pace, attempt (and retry), follow redirects, and hand back
+        the response.
+
+        Redirects: every hop runs inside the call's one deadline, pacer permit and span; the
+        call fails with `TooManyRedirects` past ``Limits.max_redirects``. A face's HTTP
+        client is never handed a redirect, so it never follows one with a fresh deadline.
+
+        Each hop's first attempt runs on its own, under the one scope that bounds it
+        (`bounded`: total and its phase bounds): most calls succeed at once, and tenacity's
+        machinery (its loop, its state, closures per call) and the total scope around
+        retries and their waits are built only when a failure may be retried (`_retry`). A
+        non-2xx answer goes through that loop as its `APIStatusError` (the policy decides on
+        those); when the loop gives up on one, the response itself is handed back. The hops
+        and the first attempt are awaited from here, not from layers of their own: a call
+        stalled in flight holds a coroutine less for each (thousands may be in flight, and
+        every full collection walks them all).
 
         Raises:
             StallproofError: a bound fired (`TimeoutException`), the connection failed
                 (`TransportError`), the answer was unacceptable (`ProtocolError`), the
-                circuit is open (`CircuitOpen`) or the request cannot be sent
-                (`InvalidRequestError`). Non-2xx answers are returned, not raised.
+                circuit is open (`CircuitOpen`), the redirects went past their limit
+                (`TooManyRedirects`) or the request cannot be sent (`InvalidRequestError`).
+                Non-2xx answers are returned, not raised.
         """
+        scope, policy, circuit, estimated = self._open(out)
+        call = scope.call
+        limit = self.limits.max_redirects
+        hops = 0
+        try:
+            if call.remaining() <= 0:
+                raise call.timeout_error("total")
+            if self._pacing is not None:
+                await scope.pace(self._pacing, estimated, circuit)
+            while True:
+                first: BaseException | None = None
+                try:
+                    incoming = await self._attempt(out, scope, circuit, 1, policy.attempts)
+                except BaseException as e:
+                    # (Kept only until the retry loop takes it: an error a frame of its
+                    # own traceback holds is a cycle.)
+                    if policy.attempts == 1 or not policy.retryable(
+                        e.error if isinstance(e, _StatusFailure) else e
+                    ):
+                        raise  # what tenacity would do: nothing to decide, no budget drawn
+                    first = e
+                if first is not None:
+                    try:
+                        with call.within_total():
+                            incoming = await self._retry(out, scope, policy, circuit, first)
+                    finally:
+                        del first  # no cycle through this frame's traceback
+                location = redirect_location(incoming.status, incoming.headers)
+                if location is None:
+                    break
+                if hops >= limit:
+                    raise call.error(
+                        exc.TooManyRedirects,
+                        f"HTTP {incoming.status}: more than max_redirects={limit} redirects",
+                        limit=limit,
+                    )
+                hops += 1
+                out = _redirected(out, incoming.status, location, call)
+        except _StatusFailure as failure:
+            # Out of attempts (or not retryable): the caller gets the response itself.
+            scope.end(failure.error)
+            incoming = failure.incoming
+            incoming.error = failure.error
+            return incoming
+        except BaseException as e:
+            scope.end(e)
+            raise
+        if self._retry_tokens is not None:
+            self._retry_tokens.record_success()
+        return incoming
+
+    def _open(self, out: Outgoing) -> tuple[CallScope, Retry, Circuit | None, int]:
+        """Everything a call does before its first await: its `Call` and scope (telemetry
+        started, in the registry), its retry policy, its circuit (checked), the tokens it
+        counts against a pacer, and its headers as every attempt sends them."""
         opts = out.options
         body = out.body if out.body is not None else opts.body
         out.body = None  # read once, here: not held while the call runs (thousands may)
         meta = body if body is not None else _peek_json(out)
-        del body
         policy = self._resolve_retry(opts.retry)
         # Refused by name before anything is sent: the HTTP layer's own error would quote
         # the value, and the value of a bad Authorization header is the key. (Checked
@@ -305,25 +376,7 @@ class Engine:
         _prepare_headers(out, call.request_id, policy)
         scope = CallScope(call, self._start_telemetry(out, call, meta), self._calls)
         estimated = _estimate(self._pacing.policy, meta) if self._pacing is not None else 0
-        del meta  # what the call needed of the body it has now
-        try:
-            if call.remaining() <= 0:
-                raise call.timeout_error("total")
-            if self._pacing is not None:
-                await scope.pace(self._pacing, estimated, circuit)
-            incoming = await self._follow(out, scope, policy, circuit)
-        except _StatusFailure as failure:
-            # Out of attempts (or not retryable): the caller gets the response itself.
-            scope.end(failure.error)
-            incoming = failure.incoming
-            incoming.error = failure.error
-            return incoming
-        except BaseException as e:
-            scope.end(e)
-            raise
-        if self._retry_tokens is not None:
-            self._retry_tokens.record_success()
-        return incoming
+        return scope, policy, circuit, estimated
 
     def _open_call(self, out: Outgoing, meta: Mapping[str, Any], policy: Retry) -> Call:
         """The call's runtime state: its id (the caller's ``x-request-id``, else a new one,
@@ -361,58 +414,6 @@ class Engine:
             server_port=out.port or (443 if out.scheme == b"https" else 80),
             path=out.target.decode("ascii", "replace"),
         )
-
-    async def _follow(
-        self, out: Outgoing, scope: CallScope, policy: Retry, circuit: Circuit | None
-    ) -> Incoming:
-        """The redirect layer: attempts at each hop until an answer that is not a redirect.
-
-        Every hop runs inside the call's one deadline, pacer permit and span; the call
-        fails with `TooManyRedirects` past ``Limits.max_redirects``. A face's HTTP client
-        is never handed a redirect, so it never follows one with a fresh deadline.
-
-        Each hop's first attempt runs on its own, under the one scope that bounds it
-        (`bounded`: total and its phase bounds): most calls succeed at once, and
-        tenacity's machinery (its loop, its state, closures per call) and the total scope
-        around retries and their waits are built only when a failure may be retried
-        (`_retry`). A non-2xx answer goes through that loop as its `APIStatusError` (the
-        policy decides on those); when the loop gives up on one, the response itself goes
-        back to `send`. The attempt is awaited from here, not from a layer of its own: a
-        call stalled in flight holds one coroutine less for the garbage collector to walk
-        (thousands may be in flight).
-        """
-        call = scope.call
-        limit = self.limits.max_redirects
-        hops = 0
-        while True:
-            first: BaseException | None = None
-            try:
-                incoming = await self._attempt(out, scope, circuit, 1, policy.attempts)
-            except BaseException as e:
-                # (Kept only until the retry loop takes it: an error a frame of its own
-                # traceback holds is a cycle.)
-                if policy.attempts == 1 or not policy.retryable(
-                    e.error if isinstance(e, _StatusFailure) else e
-                ):
-                    raise  # what tenacity would do: nothing to decide, no budget drawn
-                first = e
-            if first is not None:
-                try:
-                    with call.within_total():
-                        incoming = await self._retry(out, scope, policy, circuit, first)
-                finally:
-                    del first  # no cycle through this frame's traceback
-            location = redirect_location(incoming.status, incoming.headers)
-            if location is None:
-                return incoming
-            if hops >= limit:
-                raise call.error(
-                    exc.TooManyRedirects,
-                    f"HTTP {incoming.status}: more than max_redirects={limit} redirects",
-                    limit=limit,
-                )
-            hops += 1
-            out = _redirected(out, incoming.status, location, call)
 
     async def _retry(
         self,
@@ -555,7 +556,7 @@ class Engine:
         decoder: ContentDecoder,
     ) -> ResponseBody:
         """A non-2xx answer's body, read (capped); raised as `_StatusFailure`, carrying the
-        matching `APIStatusError`, unless it is a redirect, which `_follow` takes."""
+        matching `APIStatusError`, unless it is a redirect, which `send` follows."""
         call = scope.call
         status = pool_response.status
         content = await self._read_whole(pool_response, call, decoder, error=True)
