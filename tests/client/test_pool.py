@@ -196,6 +196,69 @@ async def test_a_wave_of_deadlines_through_the_queue_leaves_the_pool_whole(
     await pool.aclose()
 
 
+class CountingPlan:
+    """A `RequestPlan` for ``url`` that counts how often the pool built its request."""
+
+    def __init__(self, url: httpx.URL) -> None:
+        self.scheme = url.scheme.encode()
+        self.host = url.host.encode()
+        self.port = url.port
+        self.pool_timeout: float | None = None
+        self.built = 0
+
+    def build(self) -> httpcore2.Request:
+        self.built += 1
+        return httpcore2.Request(
+            b"POST",
+            httpcore2.URL(scheme=self.scheme, host=self.host, port=self.port, target=b"/v1"),
+            headers=[(b"host", self.host), (b"content-length", b"2")],
+            content=b"{}",
+        )
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_waiter_woken_as_its_deadline_passes_passes_its_connection_on(
+    black_hole: str,
+) -> None:
+    """In a wave of deadlines a freed slot goes to the first waiter, whose own deadline
+    passes about as it is woken. On trio that cancellation comes at the waiter's next
+    checkpoint: the pool takes it before building the request and connecting, and hands
+    the new, never connected connection on (as a waiter cancelled while waiting does),
+    rather than opening it only to close it and make one more for the next waiter."""
+    import trio
+
+    pool = Pool(stallproof.Limits(max_connections=1, max_keepalive_connections=1))
+    url = httpx.URL(black_hole)
+    holder_plan, waiter_plan = CountingPlan(url), CountingPlan(url)
+    holder_scope, waiter_scope = trio.CancelScope(), trio.CancelScope()
+
+    async def holder() -> None:
+        with holder_scope:
+            try:
+                await pool.send(holder_plan)
+            finally:
+                # The pool freed the holder's slot and granted it to the waiter, which is
+                # now scheduled to run: its deadline passes before it does.
+                waiter_scope.cancel()
+
+    async def waiter() -> None:
+        with waiter_scope:
+            await pool.send(waiter_plan)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(holder)
+            await wait_until(lambda: pool.stats().in_use == 1, what="the holder connected")
+            nursery.start_soon(waiter)
+            await wait_until(lambda: pool.stats().waiting == 1, what="the waiter queued")
+            holder_scope.cancel()
+    assert holder_plan.built == 1
+    assert waiter_plan.built == 0  # never sent: no request, no connect
+    stats = pool.stats()
+    assert stats.nothing_held and stats.connections == 0, stats
+    await pool.aclose()
+
+
 async def test_idle_connections_are_capped_and_reused(fault_server: Any) -> None:
     """6 answered calls at once keep at most ``max_keepalive_connections`` idle; the next
     calls reuse them (the server sees no new connection) instead of opening more."""

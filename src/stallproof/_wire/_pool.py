@@ -294,6 +294,14 @@ class Pool:
                         with anyio.CancelScope(deadline=deadline) as cancel_scope:
                             await waiter.wait()
                         timed_out = cancel_scope.cancelled_caught
+                    if not timed_out and waiter._future is None:
+                        # trio: woken with a connection as the call's own deadline passed
+                        # (a wave of deadlines frees slots and ends their waiters in one
+                        # batch), the cancellation comes at the next checkpoint: here, so
+                        # that the connection goes on to the next waiter unopened
+                        # (`_leave`), not at the connect, which makes one and closes it.
+                        # (asyncio's cancellation lands in the wait itself.)
+                        await sys.modules["trio"].lowlevel.checkpoint_if_cancelled()
                 except BaseException:
                     await self._leave(waiter)
                     raise
