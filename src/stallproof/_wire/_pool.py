@@ -244,26 +244,12 @@ class Pool:
         A `RequestPlan` is built once a connection is there for it.
 
         Raises:
-            httpcore2.PoolTimeout: no connection within ``request.extensions["timeout"]["pool"]``.
+            httpcore2.PoolTimeout: no connection within ``request.extensions["timeout"]["pool"]``
+                (a plan's ``pool_timeout``).
             httpcore2.UnsupportedProtocol: not an http(s) URL.
             httpcore2 errors of the connection (connect, read, write, protocol).
         """
-        if isinstance(request, httpcore2.Request):
-            url = request.url
-            scheme, host, port = url.scheme, url.host, url.port
-        else:
-            scheme, host, port = request.scheme, request.host, request.port
-        if scheme not in (b"http", b"https"):
-            raise httpcore2.UnsupportedProtocol(
-                f"unsupported URL scheme {scheme.decode('ascii', 'replace')!r}"
-            )
-        port = port or (443 if scheme == b"https" else 80)
-        route = None
-        if self.proxies is not None:
-            route = self.proxies.route(httpcore2.Origin(scheme, host, port))
-            if route is not None:
-                route.check()
-        key = (scheme, host, port, route)
+        key = self._key(request)
         closing: list[_Conn] = []
         conn = self._checkout(key, closing)
         try:
@@ -276,11 +262,7 @@ class Pool:
                 # granted (`_leave`); ``conn`` is still None then.
                 waiter = _Waiter(key)
                 self._waiting[waiter] = None
-                timeout = (
-                    request.extensions.get("timeout", {}).get("pool")
-                    if isinstance(request, httpcore2.Request)
-                    else request.pool_timeout
-                )
+                timeout = _pool_timeout(request)
                 try:
                     if timeout is None:
                         # No cancel scope (and no timer) at all: what encloses the call
@@ -326,6 +308,26 @@ class Pool:
         return new_response(
             response.status, response.headers, _Body(stream, self, conn, key), response.extensions
         )
+
+    def _key(self, request: httpcore2.Request | RequestPlan) -> _Key:
+        """Where ``request`` goes, as a key: its origin and the proxy route it takes (checked
+        here: a route that cannot be used fails before any wait)."""
+        if isinstance(request, httpcore2.Request):
+            url = request.url
+            scheme, host, port = url.scheme, url.host, url.port
+        else:
+            scheme, host, port = request.scheme, request.host, request.port
+        if scheme not in (b"http", b"https"):
+            raise httpcore2.UnsupportedProtocol(
+                f"unsupported URL scheme {scheme.decode('ascii', 'replace')!r}"
+            )
+        port = port or (443 if scheme == b"https" else 80)
+        route = None
+        if self.proxies is not None:
+            route = self.proxies.route(httpcore2.Origin(scheme, host, port))
+            if route is not None:
+                route.check()
+        return (scheme, host, port, route)
 
     async def aclose(self) -> None:
         """Close every connection; calls still running fail with a read/write error."""
@@ -540,6 +542,13 @@ class _Parts:
         if isinstance(self._parts, AsyncGenerator):
             with anyio.CancelScope(shield=True):
                 await self._parts.aclose()
+
+
+def _pool_timeout(request: httpcore2.Request | RequestPlan) -> float | None:
+    if isinstance(request, httpcore2.Request):
+        timeout: float | None = request.extensions.get("timeout", {}).get("pool")
+        return timeout
+    return request.pool_timeout
 
 
 async def _close(conns: list[_Conn]) -> None:
