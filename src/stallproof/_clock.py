@@ -16,7 +16,7 @@ from collections.abc import Callable
 import anyio
 import sniffio
 
-__all__ = ["Clock", "is_asyncio_clock", "loop_clock", "on_clock", "running_clock"]
+__all__ = ["Clock", "is_asyncio_clock", "is_trio_clock", "loop_clock", "on_clock", "running_clock"]
 
 Clock = Callable[[], float]
 
