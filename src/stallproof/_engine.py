@@ -729,10 +729,10 @@ class _Planned:
         self._n = n
         self._of = of
         self._carrier = carrier
-        # As `_pool_request` leaves out a bound that cannot fire before total; fixed now,
-        # when the wait for a connection starts.
-        pool = call.timeouts.pool
-        self.pool_timeout = pool if pool <= call.total_deadline - call.now() else None
+        # Fixed now, when the wait for a connection starts.
+        self.pool_timeout = _unless_total_first(
+            call.timeouts.pool, call.total_deadline - call.now()
+        )
 
     @property
     def scheme(self) -> bytes:
@@ -758,12 +758,9 @@ def _pool_request(
     headers = [*out.headers, (b"x-stallproof-attempt", f"{n}/{of}".encode())]
     headers.extend((k.encode(), v.encode()) for k, v in carrier.items())
     t = call.timeouts
-    # A per-operation bound that cannot fire before total is left out (None): no timer of
-    # its own for every wait, read and connect; total, which never moves, ends the call
-    # first. (Each operation starts now or later, so it ends after total too.)
     left = call.total_deadline - call.now()
     timeout = {
-        name: (limit if limit <= left else None)
+        name: _unless_total_first(limit, left)
         for name, limit in (
             ("connect", t.connect),
             ("read", t.read),
@@ -781,6 +778,13 @@ def _pool_request(
         out.content,
         {"timeout": timeout, "trace": call.trace},
     )
+
+
+def _unless_total_first(limit: float, left: float) -> float | None:
+    """A per-operation bound, or None when it cannot fire before total (``left`` seconds
+    away): no timer of its own for every wait, read and connect; total, which never moves,
+    ends the call first. (Each operation starts now or later, so it ends after total too.)"""
+    return limit if limit <= left else None
 
 
 def _prepare_headers(out: Outgoing, request_id: str, policy: Retry) -> None:
