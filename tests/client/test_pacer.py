@@ -587,9 +587,12 @@ async def test_cancelled_waiters_leave_the_turns_to_the_others(anyio_backend: An
 async def test_real_time_deadline_and_turns(anyio_backend: str) -> None:
     pacing = PacerRuntime(Pacer(max_concurrent=1, requests_per_minute=1000))
     holder = await _acquire(pacing)
-    with stopwatch() as t, pytest.raises(PacerTimeout, match=r"waited 0\.2"):
+    with stopwatch() as t, pytest.raises(PacerTimeout, match=r"waited \d\.\d{3}s") as info:
         await _acquire(pacing, within=0.2)
     assert 0.2 <= t[0] <= 0.2 + MARGIN
+    # The message counts from when the call joined the queue, a moment after the deadline
+    # was set (0.196 s was seen on a loaded CI runner): never more than the whole wait.
+    assert 0.15 <= info.value.waited <= t[0]
     holder.release()
     order: list[str] = []
 
