@@ -303,9 +303,10 @@ class Client:
         # ``prepared`` (its caller passes it on without keeping it): the request has what
         # the call needs, and the result needs only ``convert``.
         convert = prepared.convert
-        p = prepared
-        out = self._outgoing(p.method, p.path, p.body, p.opts, stream=p.stream)
-        del prepared, p
+        out = self._outgoing(
+            prepared.method, prepared.path, prepared.body, prepared.opts, stream=prepared.stream
+        )
+        del prepared
         incoming = await self._engine.send(out)
         if incoming.error is not None:
             await _raise_status(incoming)
