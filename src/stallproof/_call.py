@@ -25,6 +25,7 @@ from ._config import Timeouts
 from ._deadline import ActiveDeadline
 from ._inflight import InflightCall
 from ._native_scope import NativeCancelScope
+from ._wire._pool import DeadlinePassed
 
 if TYPE_CHECKING:
     import trio
@@ -67,6 +68,7 @@ class Call:
     __slots__ = (
         "_bound",
         "_cancel_scope",
+        "_deferred",
         "_on_trio",
         "agent",
         "attempt",
@@ -143,6 +145,7 @@ class Call:
         self.shared: str | None = None  # fleet state: "redis", "local (why)"; None: unshared
         self.telemetry: PhaseListener | None = None
         self._cancel_scope: _Scope | None = None
+        self._deferred: _Bounded | None = None  # a `bounded` block not started yet
         # On trio, a bound is trio's own cancel scope: anyio's wraps one (`_Bounded`).
         self._on_trio = is_trio_clock(self.now)
         self._bound = "total"
@@ -210,7 +213,7 @@ class Call:
         """
         return _Bounded(self, self.total_deadline, "total", translate=False)
 
-    def bounded(self, *, native: bool = False) -> _Bounded | _NativeBounded:
+    def bounded(self, *, native: bool = False, deferred: bool = False) -> _Bounded | _NativeBounded:
         """Run an attempt under total and a phase bound (first_token or idle), whichever
         is first, in one cancel scope whose deadline `rearm` moves (total alone at first);
         the pool's errors are translated to ours (`_translate`).
@@ -223,10 +226,28 @@ class Call:
         attempt (which a retry may repeat), `TotalTimeout` ends the call. One cancel scope,
         not a phase one inside a total one: the first attempt, the only one most calls make,
         needs no other (retries run inside `within_total`, which also bounds their waits).
+
+        ``deferred``: on trio, the cancel scope is entered only at `start_bounds`, when the
+        pool has a connection for the attempt; until then the pool bounds its wait itself
+        (`wait_deadline`), as thousands of calls may be waiting (`stallproof._wire._pool`
+        keeps their deadlines in one task). A wait that ends there raises the call's
+        timeout error from the block, as the scope would have.
         """
         if native and _COUNTED_CANCELS and is_asyncio_clock(self.now):
             return _NativeBounded(self, self.total_deadline, None, translate=True)
-        return _Bounded(self, self.total_deadline, None, translate=True)
+        return _Bounded(
+            self, self.total_deadline, None, translate=True, deferred=deferred and self._on_trio
+        )
+
+    @property
+    def wait_deadline(self) -> float | None:
+        """When a `deferred` block not started yet ends (None: none is waiting to start)."""
+        return self.total_deadline if self._deferred is not None else None
+
+    def start_bounds(self) -> None:
+        """Start the `deferred` block waiting to (a no-op if none is)."""
+        if self._deferred is not None:
+            self._deferred.start()
 
     def step(self, bound: str, deadline: float) -> _Bounded:
         """One block for one step of a stream: total and a phase bound, whichever is first.
@@ -409,26 +430,52 @@ class _Bounded:
     A class, not a generator context manager: thousands of calls may be in flight at
     once, each holding one or two of these, and a generator with its context manager is
     four more objects per block for the garbage collector to walk. On asyncio's own
-    cancellation the block and its scope are one object (`_NativeBounded`).
+    cancellation the block and its scope are one object (`_NativeBounded`). On trio an
+    attempt's block may be *deferred* (`Call.bounded`): its scope is made and entered by
+    `start`, once the pool has a connection for it, and the pool bounds the wait before.
     """
 
-    __slots__ = ("_bound", "_call", "_translate", "cancel_scope")
+    __slots__ = ("_bound", "_call", "_deadline", "_translate", "cancel_scope")
 
-    def __init__(self, call: Call, deadline: float, bound: str | None, *, translate: bool):
+    def __init__(
+        self,
+        call: Call,
+        deadline: float,
+        bound: str | None,
+        *,
+        translate: bool,
+        deferred: bool = False,
+    ):
         self._call = call
         self._bound = bound
         self._translate = translate
+        self._deadline = deadline
         # On trio, trio's own cancel scope: anyio's on trio wraps one, an object more per
         # call in flight and frames more per block, for the same job.
-        self.cancel_scope: _Scope
-        if call._on_trio:
+        self.cancel_scope: _Scope | None
+        if deferred:
+            self.cancel_scope = None  # made and entered by `start` (trio: `Call.bounded`)
+        elif call._on_trio:
             self.cancel_scope = sys.modules["trio"].CancelScope(deadline=deadline)
         else:
             self.cancel_scope = anyio.CancelScope(deadline=deadline)
 
     def __enter__(self) -> None:
-        self.cancel_scope.__enter__()
-        _entered(self._call, self._bound, self.cancel_scope)
+        scope = self.cancel_scope
+        if scope is None:
+            self._call._deferred = self
+            self._call._bound = "total"  # what is armed until the scope starts
+            return
+        scope.__enter__()
+        _entered(self._call, self._bound, scope)
+
+    def start(self) -> None:
+        """Enter the deferred cancel scope (trio's), in the task that entered the block."""
+        call = self._call
+        call._deferred = None
+        self.cancel_scope = scope = sys.modules["trio"].CancelScope(deadline=self._deadline)
+        scope.__enter__()
+        _entered(call, self._bound, scope)
 
     def __exit__(
         self,
@@ -436,9 +483,19 @@ class _Bounded:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        scope = self.cancel_scope
+        call = self._call
+        if scope is None:
+            # Deferred and never started: the wait for a connection ended the block.
+            call._deferred = None  # (and the cycle through it)
+            if isinstance(error, DeadlinePassed):
+                traceback.clear_frames(error.__traceback__)  # as `_exited` does
+                raise call.timeout_error(call._bound) from None
+            _exited(call, self._bound, self._translate, None, False, error)
+            return
         # (trio's also returns True when the body ended without an exception.)
-        swallowed = self.cancel_scope.__exit__(exc_type, error, tb)
-        _exited(self._call, self._bound, self._translate, self.cancel_scope, swallowed, error)
+        swallowed = scope.__exit__(exc_type, error, tb)
+        _exited(call, self._bound, self._translate, scope, swallowed, error)
 
 
 class _NativeBounded(NativeCancelScope):
@@ -476,7 +533,7 @@ def _exited(
     call: Call,
     bound: str | None,
     translate: bool,
-    cancel_scope: _Scope,
+    cancel_scope: _Scope | None,
     swallowed: bool | None,
     error: BaseException | None,
 ) -> None:
@@ -485,7 +542,7 @@ def _exited(
     if bound is None:
         call._cancel_scope = None
         bound = call._bound
-    if swallowed and cancel_scope.cancelled_caught:
+    if swallowed and cancel_scope is not None and cancel_scope.cancelled_caught:
         # Our own deadline fired. The frames the cancellation went through have all
         # returned, but anyio and asyncio keep the exception in a local of one of
         # them: a cycle with its own traceback that would hold the whole call (its

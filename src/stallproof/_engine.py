@@ -469,7 +469,7 @@ class Engine:
             own = self._own_wire
             pool_response: httpcore2.Response | None = None
             try:
-                with call.bounded(native=self._native_bounds):
+                with call.bounded(native=self._native_bounds, deferred=own is not None):
                     if own is not None:
                         pool_response = await own.send(_Planned(out, call, n, of, carrier))
                     else:
@@ -717,7 +717,8 @@ class _Planned:
     """Attempt ``n`` of ``of`` as the pool's `RequestPlan`: what stallproof's pool needs to
     find it a connection; the request itself (`_pool_request`) is built once it has one. A
     call waiting in the pool's queue holds this, not the request's five objects (thousands
-    may wait)."""
+    may wait). On trio the attempt's bounds start when it is built (`Call.bounded`'s
+    ``deferred``); until then the pool ends the wait at ``wait_deadline``."""
 
     __slots__ = ("_call", "_carrier", "_n", "_of", "_out", "pool_timeout")
 
@@ -746,7 +747,14 @@ class _Planned:
     def port(self) -> int | None:
         return self._out.port
 
+    @property
+    def wait_deadline(self) -> float | None:
+        return self._call.wait_deadline
+
     def build(self) -> httpcore2.Request:
+        # Built, it is about to be sent: the attempt's bounds start if they were deferred
+        # while it waited for a connection (`Call.bounded`), whoever builds it.
+        self._call.start_bounds()
         return _pool_request(self._out, self._call, self._n, self._of, self._carrier)
 
 

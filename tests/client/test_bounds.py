@@ -273,6 +273,25 @@ async def test_total_covers_a_long_pool_wait(fault_server: Any, make_client: Mak
         assert elapsed[0] <= 0.6 + MARGIN
 
 
+async def test_a_deadline_block_ends_a_call_waiting_for_a_connection(
+    fault_server: Any, make_client: MakeClient
+) -> None:
+    """A `deadline()` block shorter than the call's total ends it in the pool's queue, on
+    time and by its own name, out of the queue. (On trio the pool, not a cancel scope of
+    the call's, keeps the call's deadline while it waits: `stallproof._wire._pool`.)"""
+    client, holder = await hold_the_only_connection(make_client, fault_server)
+    async with holder:
+        with (
+            stopwatch() as elapsed,
+            pytest.raises(stallproof.DeadlineExceeded) as info,
+            stallproof.deadline(0.5, name="turn"),
+        ):
+            await client.chat.completions.create(model="m", messages=MSGS, timeout=30)
+        assert 0.5 <= elapsed[0] <= 0.5 + MARGIN
+        assert info.value.name == "turn"
+        assert engine_of(client).pool.stats().waiting == 0
+
+
 async def test_idle_is_not_reset_by_keepalives_after_content(
     fault_server: Any, make_client: MakeClient
 ) -> None:

@@ -89,6 +89,17 @@ async def test_a_call_ended_by_its_deadline_leaves_no_cycle(
     assert await _calls_without_gc(client, 3, stallproof.TotalTimeout) == []
 
 
+def _one_connection(make_client: MakeClient, black_hole: str) -> stallproof.Client:
+    """A client of one connection to a server that never answers: one call takes it, the
+    rest wait in the pool's queue (for 10 s at most)."""
+    client: stallproof.Client = make_client(
+        black_hole,
+        limits=stallproof.Limits(max_connections=1, max_keepalive_connections=1),
+        timeout=stallproof.Timeouts(total=10),
+    )
+    return client
+
+
 # GC-tracked objects a call waiting for a connection may hold, its asyncio task included:
 # 21 on CPython 3.11; 39 when each waiting call still held its built request, the pool's
 # own waiting coroutine and the redirect layer's, its per-call defaults, its JSON body and
@@ -105,11 +116,7 @@ async def test_a_call_waiting_for_a_connection_holds_few_objects_and_no_request(
     every object each of them holds: at 10,000 calls that pause is the tail of the deadline
     (benchmarks/scale.py). A waiting call holds the pool's `RequestPlan`, not its request
     (built once it has a connection), and few objects in all."""
-    client = make_client(
-        black_hole,
-        limits=stallproof.Limits(max_connections=1, max_keepalive_connections=1),
-        timeout=stallproof.Timeouts(total=10),
-    )
+    client = _one_connection(make_client, black_hole)
     pool = client._engine.pool
     n = 50
     first = asyncio.ensure_future(client.chat.completions.create(**BODY))
@@ -132,4 +139,53 @@ async def test_a_call_waiting_for_a_connection_holds_few_objects_and_no_request(
             task.cancel()
         outcomes = await asyncio.gather(first, *waiting, return_exceptions=True)
     assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert pool.stats().nothing_held
+
+
+# On trio, what a waiting call holds besides its task and context: 18 on CPython 3.11 (its
+# coroutines, `Call`, scope, telemetry, plan, waiter, `bounded` block, the keeper's heap
+# entry). 25 before its cancel scope was deferred until a connection is free (a scope, its
+# status and two sets per call) and the pool's waiter parked the task itself (trio's
+# coroutine, generator and message per waiting call).
+TRIO_WAITING_OBJECTS = 20
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_call_waiting_for_a_connection_on_trio_holds_no_cancel_scope_of_its_own(
+    make_client: MakeClient, black_hole: str
+) -> None:
+    """On trio a waiting call's bounds are kept by the pool (one heap entry per call, in one
+    task per run: `stallproof._wire._pool._Deadlines`), not by a cancel scope per call
+    whose cancellation trio delivers as a captured exception with its traceback: those,
+    thousands at once when a wave of deadlines passes, set off full collections among the
+    deadlines (benchmarks/scale.py). The call's scope starts once it has a connection."""
+    import trio
+
+    client = _one_connection(make_client, black_hole)
+    pool = client._engine.pool
+    n = 50
+
+    async def one() -> None:
+        await client.chat.completions.create(**BODY)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one)
+        await wait_until(lambda: pool.stats().in_use == 1, what="the one connection taken")
+        gc.collect()
+        known = {id(o) for o in gc.get_objects()}
+        for _ in range(n):
+            nursery.start_soon(one)
+        await wait_until(lambda: pool.stats().waiting == n, what="every call queued")
+        gc.collect()
+        new = [o for o in gc.get_objects() if id(o) not in known]
+        kinds = Counter(type(o).__name__ for o in new)
+        census = sorted(kinds.items(), key=lambda kv: -kv[1])
+        # (The pool's deadline keeper holds a scope of its own, one for all the calls.)
+        for kind in ("CancelScope", "CancelStatus", "WaitTaskRescheduled", "Request"):
+            assert kinds[kind] <= 2, (kind, census)
+        # Besides what trio's task costs (the task, its context, the bound `send`): ours.
+        per_call = (len(new) - kinds["Task"] - kinds["Context"]) / n
+        assert per_call <= TRIO_WAITING_OBJECTS, (per_call, census)
+        del new
+        nursery.cancel_scope.cancel()
     assert pool.stats().nothing_held

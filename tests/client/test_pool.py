@@ -34,7 +34,7 @@ import pytest
 
 import stallproof
 from stallproof._wire._network import Network, system_resolver
-from stallproof._wire._pool import Pool
+from stallproof._wire._pool import DeadlinePassed, Pool, _Deadlines, _Waiter
 from stallproof._wire._proxy import ProxyRoute
 
 from ..support.memory import freeze_heap
@@ -204,6 +204,7 @@ class CountingPlan:
         self.host = url.host.encode()
         self.port = url.port
         self.pool_timeout: float | None = None
+        self.wait_deadline: float | None = None
         self.built = 0
 
     def build(self) -> httpcore2.Request:
@@ -257,6 +258,133 @@ async def test_a_waiter_woken_as_its_deadline_passes_passes_its_connection_on(
     stats = pool.stats()
     assert stats.nothing_held and stats.connections == 0, stats
     await pool.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_waiter_granted_as_its_plans_deadline_passes_passes_its_connection_on(
+    black_hole: str,
+) -> None:
+    """The same race with the plan's own deadline, which no cancel scope holds (on trio the
+    pool keeps it, `_Deadlines`): a waiter that runs with its connection after that deadline
+    hands it on unopened and raises `DeadlinePassed`."""
+    import trio
+
+    pool = Pool(stallproof.Limits(max_connections=1, max_keepalive_connections=1))
+    url = httpx.URL(black_hole)
+    holder_plan, waiter_plan = CountingPlan(url), CountingPlan(url)
+    holder_scope = trio.CancelScope()
+    failed: list[BaseException] = []
+
+    async def holder() -> None:
+        with holder_scope:
+            try:
+                await pool.send(holder_plan)
+            finally:
+                # The slot went to the waiter, now scheduled to run; its deadline passes
+                # before it does (this task does not yield until then).
+                assert waiter_plan.wait_deadline is not None
+                while trio.current_time() < waiter_plan.wait_deadline:
+                    time.sleep(0.001)  # noqa: ASYNC251 - holding the loop is the point
+
+    async def waiter() -> None:
+        try:
+            await pool.send(waiter_plan)
+        except DeadlinePassed as e:
+            failed.append(e)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(holder)
+            await wait_until(lambda: pool.stats().in_use == 1, what="the holder connected")
+            waiter_plan.wait_deadline = trio.current_time() + 0.2
+            nursery.start_soon(waiter)
+            await wait_until(lambda: pool.stats().waiting == 1, what="the waiter queued")
+            holder_scope.cancel()
+    assert len(failed) == 1
+    assert waiter_plan.built == 0  # never sent: no request, no connect
+    stats = pool.stats()
+    assert stats.nothing_held and stats.connections == 0, stats
+    await pool.aclose()
+
+
+async def test_a_plans_deadline_ends_its_wait_in_the_queue_on_time(black_hole: str) -> None:
+    """Calls queued behind a stalled connection, each with its plan's own deadline (what
+    the engine's calls wait with on trio, where the pool keeps those deadlines in one task,
+    not a cancel scope per waiter): each ends with `DeadlinePassed` at its deadline,
+    unbuilt, out of the queue; calls cancelled from outside meanwhile leave as they would.
+    The earlier of the plan's deadline and the pool's own timeout is the one that ends a
+    wait, as its own error."""
+    pool = Pool(stallproof.Limits(max_connections=1, max_keepalive_connections=1))
+    url = httpx.URL(black_hole)
+    holder = CountingPlan(url)
+    late: list[float] = []
+    outcomes: list[str] = []
+
+    async def wait(plan: CountingPlan, deadline: float) -> None:
+        try:
+            await pool.send(plan)
+        except (DeadlinePassed, httpcore2.PoolTimeout) as e:
+            late.append(anyio.current_time() - deadline)
+            outcomes.append(type(e).__name__)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            holder_scope = anyio.CancelScope()
+
+            async def hold() -> None:
+                with holder_scope:
+                    await pool.send(holder)
+
+            tg.start_soon(hold)
+            await wait_until(lambda: pool.stats().in_use == 1, what="the holder connected")
+            now = anyio.current_time()
+            plans = []
+            for i in range(40):
+                plan = CountingPlan(url)
+                plan.wait_deadline = now + 0.3 + 0.01 * i
+                plans.append(plan)
+                tg.start_soon(wait, plan, plan.wait_deadline)
+            # Two more: one whose pool timeout comes first, one whose plan deadline does.
+            pool_first, plan_first = CountingPlan(url), CountingPlan(url)
+            pool_first.pool_timeout, pool_first.wait_deadline = 0.3, now + 5
+            plan_first.pool_timeout, plan_first.wait_deadline = 5, now + 0.3
+            tg.start_soon(wait, pool_first, now + 0.3)
+            tg.start_soon(wait, plan_first, now + 0.3)
+            # And ten cancelled from outside while they wait.
+            with anyio.CancelScope() as outside:
+                async with anyio.create_task_group() as cancelled:
+                    for _ in range(10):
+                        plan = CountingPlan(url)
+                        plan.wait_deadline = now + 5
+                        cancelled.start_soon(pool.send, plan)
+                    await wait_until(lambda: pool.stats().waiting == 52, what="all queued")
+                    outside.cancel()
+            await wait_until(lambda: len(outcomes) == 42, what="every wait ended", timeout=5)
+            assert pool.stats().waiting == 0
+            holder_scope.cancel()
+    assert sorted(outcomes) == ["DeadlinePassed"] * 41 + ["PoolTimeout"], outcomes
+    assert [plan.built for plan in (*plans, pool_first, plan_first)] == [0] * 42
+    assert min(late) >= 0
+    assert max(late) <= MARGIN, late
+    stats = pool.stats()
+    assert stats.nothing_held and stats.connections == 0, stats
+    await pool.aclose()
+
+
+def test_the_deadlines_of_ended_waits_are_swept() -> None:
+    """Waits that end before their deadline (granted, cancelled) leave their entries in the
+    trio deadline keeper's heap until they come to the top; it is swept whenever it has
+    doubled, so it never holds more than twice the waits in progress (or 1,024)."""
+    keeper = _Deadlines()
+    live = []
+    for i in range(20_000):
+        waiter = _Waiter((b"http", b"h", 80, None))
+        if i % 100 == 0:
+            waiter._task = object()  # still parked
+            live.append(waiter)
+        keeper.add(1e9 + i, waiter)  # far off: none comes to the top
+        assert len(keeper._heap) <= max(1024, 2 * len(live)) + 1
+    assert {id(entry[2]) for entry in keeper._heap} >= {id(w) for w in live}
 
 
 async def test_idle_connections_are_capped_and_reused(fault_server: Any) -> None:

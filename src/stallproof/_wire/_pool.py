@@ -35,10 +35,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
+import math
 import os
 import ssl
 import sys
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+)
 from typing import Any, Protocol
 
 import anyio
@@ -53,7 +62,7 @@ from ._network import Network
 from ._proxy import ProxyRoute, ProxyRoutes, ProxyTypes, proxy_routes
 from ._tls import shared_ssl_context
 
-__all__ = ["CONNECTIONS", "Pool", "PoolStats", "RequestPlan", "open_pool"]
+__all__ = ["CONNECTIONS", "DeadlinePassed", "Pool", "PoolStats", "RequestPlan", "open_pool"]
 
 CONNECTIONS = ("auto", "httpcore2")
 
@@ -114,9 +123,21 @@ class RequestPlan(Protocol):
         """How long to wait for a connection (None: what encloses the call bounds it)."""
         ...
 
-    def build(self) -> httpcore2.Request:
-        """The request, built when a connection is there to send it on."""
+    @property
+    def wait_deadline(self) -> float | None:
+        """When the wait for a connection ends (the loop's clock), as the call's own bounds
+        would end it had they started: `DeadlinePassed` (None: what encloses the call
+        bounds the wait)."""
         ...
+
+    def build(self) -> httpcore2.Request:
+        """The request, built when a connection is there to send it on: where the call's
+        own bounds start, if they wait for one (``wait_deadline``)."""
+        ...
+
+
+class DeadlinePassed(Exception):
+    """A `RequestPlan`'s ``wait_deadline`` passed before a connection was free for it."""
 
 
 class _Waiter:
@@ -126,32 +147,56 @@ class _Waiter:
     Thousands of calls may wait at once, so the wake-up is the loop's own, not an
     `anyio.Event` (which is an event, the loop's event, its deque and two coroutines per
     waiting call): on asyncio a bare future the waiting task awaits, on trio the task
-    itself, parked (`trio.lowlevel.wait_task_rescheduled`). Either is woken at most once,
-    and not at all once the wait was cancelled: the cancelled waiter finds ``granted`` as
-    it leaves (`Pool._leave`).
+    itself, parked. Either is woken at most once, and not at all once the wait was
+    cancelled: the cancelled waiter finds ``granted`` as it leaves (`Pool._leave`).
+
+    On trio the waiter is its own abort function (`__call__`) and, where trio's park
+    message can be found (`_trio_park`), its own awaitable: it parks the task as
+    `trio.lowlevel.wait_task_rescheduled` does, without that function's coroutine, the
+    generator it yields through and the message they keep alive while the task waits.
+    Three objects per waiting call matter: at 10,000 calls waiting under anyio's task
+    group on trio, they are what put a full collection (~0.2 s) among the deadlines
+    (benchmarks/README.md).
     """
 
-    __slots__ = ("_future", "_task", "fresh", "granted", "key")
+    __slots__ = ("_future", "_task", "expired", "fresh", "granted", "key")
 
     def __init__(self, key: _Key) -> None:
         self.key = key
         self.granted: _Conn | None = None
         self.fresh = False
+        self.expired = False  # its deadline ended the wait
         self._future: asyncio.Future[None] | None = None
         self._task: Any = None  # trio: the parked task until it is woken or cancelled
 
     def wait(self) -> Awaitable[None]:
         """Sleep until `wake` (cancellable: a cancel scope around it ends the wait).
 
-        What it returns is awaited as it is: no coroutine of ours per waiting call. On
-        trio the waiter is its own abort function (`__call__`): no bound method either.
+        What it returns is awaited as it is: no coroutine of ours per waiting call.
         """
         if sniffio.current_async_library() == "asyncio":
             self._future = future = asyncio.get_running_loop().create_future()
             return future
         lowlevel = sys.modules["trio"].lowlevel
         self._task = lowlevel.current_task()
+        if _trio_park() is not None:
+            return self
         return lowlevel.wait_task_rescheduled(self)  # type: ignore[no-any-return]
+
+    # -- trio: the waiter as the awaitable that parks its task (see the class docstring)
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        return self  # type: ignore[return-value]  # an iterator with send: what await needs
+
+    def __next__(self) -> Any:
+        """The await's first step: park the task, this waiter its abort function."""
+        park = _trio_park()
+        assert park is not None
+        return park(self)
+
+    def send(self, outcome: Any) -> Any:
+        """trio resumes the task with an outcome (`wake`: a value; cancelled: the error)."""
+        raise StopIteration(outcome.unwrap())
 
     def __call__(self, raise_cancel: object) -> Any:
         """trio's abort function: cancelled while parked, so never rescheduled."""
@@ -166,9 +211,128 @@ class _Waiter:
             return
         task, self._task = self._task, None
         if task is not None:
-            import trio
+            sys.modules["trio"].lowlevel.reschedule(task)
 
-            trio.lowlevel.reschedule(task)
+    def expire(self) -> None:
+        """trio: its deadline passed (`_Deadlines`); a no-op once woken or cancelled."""
+        task, self._task = self._task, None
+        if task is not None:
+            self.expired = True
+            sys.modules["trio"].lowlevel.reschedule(task)
+
+
+_NOT_LOOKED_UP: Any = object()
+_park: Any = _NOT_LOOKED_UP
+
+
+def _trio_park() -> Callable[[Any], Any] | None:
+    """The message a trio task yields to park itself, as ``park(abort_func)`` (None: not found).
+
+    It is the one `trio.lowlevel.wait_task_rescheduled` yields, so it is taken from there
+    (its first step, run once, to the yield, outside the scheduler) rather than imported by
+    its private name, and checked: should a trio release park differently, waiters fall
+    back to that function. (tests/client/test_call_garbage.py counts what a waiting call
+    holds on trio: it fails if they do.)
+    """
+    global _park
+    if _park is _NOT_LOOKED_UP:
+        _park = None
+        lowlevel = sys.modules["trio"].lowlevel
+
+        def abort(raise_cancel: object) -> Any:  # pragma: no cover - never called
+            return lowlevel.Abort.SUCCEEDED
+
+        step = lowlevel.wait_task_rescheduled(abort)
+        try:
+            message = step.send(None)
+        except BaseException:  # pragma: no cover - trio parks by yielding a message
+            message = None
+        finally:
+            step.close()
+        if getattr(message, "abort_func", None) is abort:
+            cls = type(message)
+            try:
+                parks = getattr(cls(abort), "abort_func", None) is abort
+            except Exception:  # pragma: no cover - trio's message takes the function
+                parks = False
+            if parks:
+                _park = cls
+    return _park  # type: ignore[no-any-return]
+
+
+class _Deadlines:
+    """trio: the deadlines of the waits in one run, kept by one task (a system task).
+
+    On trio a cancel scope around each wait is a scope, its status and two sets per
+    waiting call, and when thousands of deadlines pass together trio delivers each
+    cancellation as a captured `trio.Cancelled` with its traceback (six frames, a closure
+    and an outcome kept alive until the task runs): a burst of young objects per call that
+    drives the collector (benchmarks/README.md). Here a waiting call is one heap entry,
+    and a passed deadline wakes its task as a grant would, marked ``expired``.
+
+    Entries of waits that ended otherwise (granted, cancelled) are dropped as they come
+    to the top, or all at once when the heap reaches twice the waits it held when last
+    swept (at least 1,024 entries): stale entries never outnumber that.
+    """
+
+    __slots__ = ("_heap", "_scope", "_seq", "_sweep_at", "alive")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, _Waiter]] = []
+        self._seq = 0
+        self._sweep_at = _SWEEP_MIN
+        self._scope: Any = None  # the task's cancel scope while it sleeps
+        self.alive = True
+
+    def add(self, deadline: float, waiter: _Waiter) -> None:
+        heap = self._heap
+        if len(heap) >= self._sweep_at:
+            heap[:] = [entry for entry in heap if entry[2]._task is not None]
+            heapq.heapify(heap)
+            self._sweep_at = max(_SWEEP_MIN, 2 * len(heap))
+        heapq.heappush(heap, (deadline, self._seq, waiter))
+        self._seq += 1
+        scope = self._scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    async def run(self) -> None:
+        trio = sys.modules["trio"]
+        heap = self._heap
+        try:
+            while True:
+                with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as scope:
+                    self._scope = scope
+                    await trio.sleep_forever()
+                self._scope = None
+                now = trio.current_time()
+                while heap and heap[0][0] <= now:
+                    heapq.heappop(heap)[2].expire()
+        finally:
+            self.alive = False
+
+
+_SWEEP_MIN = 1024
+_deadlines_var: Any = None  # trio.lowlevel.RunVar, made on first use (trio imported)
+
+
+def _keep(deadline: float, waiter: _Waiter) -> bool:
+    """trio: have this run's `_Deadlines` end ``waiter``'s wait at ``deadline``; False if
+    it cannot (the run is ending: no new system task), and a cancel scope must."""
+    global _deadlines_var
+    lowlevel = sys.modules["trio"].lowlevel
+    if _deadlines_var is None:
+        _deadlines_var = lowlevel.RunVar("stallproof_pool_deadlines", default=None)
+    keeper: _Deadlines | None = _deadlines_var.get()
+    if keeper is None or not keeper.alive:
+        keeper = _Deadlines()
+        try:
+            lowlevel.spawn_system_task(keeper.run, name="stallproof pool deadlines")
+        except RuntimeError:  # pragma: no cover - the run's system nursery is closed
+            return False
+        _deadlines_var.set(keeper)
+    keeper.add(deadline, waiter)
+    return True
 
 
 class Pool:
@@ -263,20 +427,23 @@ class Pool:
                 waiter = _Waiter(key)
                 self._waiting[waiter] = None
                 timeout = _pool_timeout(request)
+                until = None if isinstance(request, httpcore2.Request) else request.wait_deadline
+                pool_deadline = None if timeout is None else anyio.current_time() + timeout
+                deadline = _earliest(pool_deadline, until)
                 try:
-                    if timeout is None:
+                    woken = waiter.wait()
+                    if deadline is None or (waiter._task is not None and _keep(deadline, waiter)):
                         # No cancel scope (and no timer) at all: what encloses the call
-                        # bounds it.
-                        await waiter.wait()
-                        timed_out = False
+                        # bounds it, or on trio the run's `_Deadlines`.
+                        await woken
                     else:
                         # A bare cancel scope, not `anyio.fail_after` (two generators and
                         # their context managers more per waiting call).
-                        deadline = anyio.current_time() + timeout
                         with anyio.CancelScope(deadline=deadline) as cancel_scope:
-                            await waiter.wait()
-                        timed_out = cancel_scope.cancelled_caught
-                    if not timed_out and waiter._future is None:
+                            await woken
+                        waiter.expired = cancel_scope.cancelled_caught
+                    del woken
+                    if not waiter.expired and waiter._future is None:
                         # trio: woken with a connection as the call's own deadline passed
                         # (a wave of deadlines frees slots and ends their waiters in one
                         # batch), the cancellation comes at the next checkpoint: here, so
@@ -284,13 +451,18 @@ class Pool:
                         # (`_leave`), not at the connect, which makes one and closes it.
                         # (asyncio's cancellation lands in the wait itself.)
                         await sys.modules["trio"].lowlevel.checkpoint_if_cancelled()
+                    if not waiter.expired and until is not None:
+                        # The same for the plan's deadline, which no cancel scope holds.
+                        waiter.expired = anyio.current_time() >= until
                 except BaseException:
                     await self._leave(waiter)
                     raise
-                if timed_out:
+                if waiter.expired:
                     await self._leave(waiter)
-                    raise httpcore2.PoolTimeout(f"no connection free within {timeout} s")
-                conn = waiter.granted
+                    if pool_deadline is not None and (until is None or pool_deadline < until):
+                        raise httpcore2.PoolTimeout(f"no connection free within {timeout} s")
+                    raise DeadlinePassed("no connection free before the call's deadline")
+                conn, waiter.granted = waiter.granted, None  # (`_Deadlines` may hold the waiter)
                 if conn is None:  # pragma: no cover - woken only with a connection
                     raise RuntimeError("the pool woke a waiter without a connection")
                 del waiter
@@ -542,6 +714,12 @@ class _Parts:
         if isinstance(self._parts, AsyncGenerator):
             with anyio.CancelScope(shield=True):
                 await self._parts.aclose()
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None or a <= b else b
 
 
 def _pool_timeout(request: httpcore2.Request | RequestPlan) -> float | None:
