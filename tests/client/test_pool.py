@@ -591,6 +591,34 @@ async def test_tls_handshake_cut_by_the_deadline_closes_the_socket_at_once() -> 
         server.close()
 
 
+async def test_one_address_is_connected_without_a_task_group(
+    black_hole: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An origin with one address is connected by the loop's own connect, in the caller's
+    task: no task group, task, events and cancel scopes of anyio's racing one address
+    (`anyio.connect_tcp`), which on trio, repeated through a wave of deadlines freeing
+    slots, were what set off a full collection among 10,000 calls' deadlines."""
+    from stallproof._wire import _network
+
+    assert _network._loop_backend is not None  # anyio still has it where we look
+
+    def no_task_group() -> Any:
+        raise AssertionError("a task group was made to connect to one address")
+
+    network = Network()
+    url = httpx.URL(black_hole)
+    monkeypatch.setattr(anyio, "create_task_group", no_task_group)
+    stream = await network.connect_tcp(str(url.host), int(url.port or 80), timeout=5)
+    await stream.aclose()
+    # A refusal is the socket's own error, mapped as before.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    with pytest.raises(httpcore2.ConnectError):
+        await network.connect_tcp("127.0.0.1", port, timeout=5)
+
+
 class BlackHoleDNS:
     """A DNS server on loopback UDP that reads queries and never answers."""
 

@@ -43,6 +43,18 @@ from .._validate import check_int, invalid
 
 __all__ = ["Network", "Resolver", "system_resolver"]
 
+# The running loop's anyio backend, whose ``connect_tcp`` connects one IP address (what
+# `anyio.connect_tcp` runs in each of its attempts). Not in anyio's public names; should a
+# release move it, connects go through `anyio.connect_tcp` as before (tests/client/test_pool.py
+# checks it is found).
+_loop_backend: Callable[[], Any] | None
+try:
+    from anyio._core import _eventloop
+
+    _loop_backend = _eventloop.get_async_backend
+except (ImportError, AttributeError):  # pragma: no cover - anyio 4.4+ has it
+    _loop_backend = None
+
 # How long one connection attempt runs alone before the next address is tried alongside.
 _HAPPY_EYEBALLS_DELAY = 0.25
 
@@ -110,10 +122,18 @@ async def _connect_first(
     for names): the next attempt starts when the one before fails or after 250 ms, and the
     first to connect wins; the others are cancelled or closed."""
     if len(addresses) == 1:
-        # Nothing to race: no task group, task, event and timer of ours. A connect cut by
-        # its deadline then unwinds in the caller's task, not a child's it must wait for
-        # (in a wave of deadlines every hop through the loop makes the call later).
-        return await anyio.connect_tcp(addresses[0][1], port, local_host=local_address)
+        # Nothing to race: no task group, task, event and timer of ours, nor of anyio's
+        # (`anyio.connect_tcp` races even one address in a task group of its own: a task,
+        # a nursery, events and cancel scopes per connect, where the loop's own connect is
+        # a socket and one await). A connect cut by its deadline then unwinds in the
+        # caller's task, not a child's it must wait for (in a wave of deadlines every hop
+        # through the loop makes the call later; on trio, at 10,000 calls stalled, the
+        # objects of those connects were what set off a full collection among them).
+        address = addresses[0][1]
+        if local_address is None and _loop_backend is not None:
+            stream: anyio.abc.SocketStream = await _loop_backend().connect_tcp(address, port)
+            return stream
+        return await anyio.connect_tcp(address, port, local_host=local_address)
     winner: anyio.abc.SocketStream | None = None
     failures: list[OSError] = []
 
