@@ -153,10 +153,9 @@ class _Waiter:
     On trio the waiter is its own abort function (`__call__`) and, where trio's park
     message can be found (`_trio_park`), its own awaitable: it parks the task as
     `trio.lowlevel.wait_task_rescheduled` does, without that function's coroutine, the
-    generator it yields through and the message they keep alive while the task waits.
-    Three objects per waiting call matter: at 10,000 calls waiting under anyio's task
-    group on trio, they are what put a full collection (~0.2 s) among the deadlines
-    (benchmarks/README.md).
+    generator it yields through and the message they keep alive while the task waits:
+    three objects fewer per waiting call for every full collection to walk (thousands may
+    wait; benchmarks/README.md, "10,000 calls").
     """
 
     __slots__ = ("_future", "_task", "expired", "fresh", "granted", "key")
