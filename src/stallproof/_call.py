@@ -488,9 +488,6 @@ class _Bounded:
         if scope is None:
             # Deferred and never started: the wait for a connection ended the block.
             call._deferred = None  # (and the cycle through it)
-            if isinstance(error, DeadlinePassed):
-                traceback.clear_frames(error.__traceback__)  # as `_exited` does
-                raise call.timeout_error(call._bound) from None
             _exited(call, self._bound, self._translate, None, False, error)
             return
         # (trio's also returns True when the body ended without an exception.)
@@ -542,8 +539,13 @@ def _exited(
     if bound is None:
         call._cancel_scope = None
         bound = call._bound
-    if swallowed and cancel_scope is not None and cancel_scope.cancelled_caught:
-        # Our own deadline fired. The frames the cancellation went through have all
+    # Our own deadline fired: the scope caught its cancellation, or (a deferred block whose
+    # scope never started) the pool ended the wait for a connection at it.
+    fired = isinstance(error, DeadlinePassed) or (
+        swallowed and cancel_scope is not None and cancel_scope.cancelled_caught
+    )
+    if fired:
+        # The frames the cancellation went through have all
         # returned, but anyio and asyncio keep the exception in a local of one of
         # them: a cycle with its own traceback that would hold the whole call (its
         # request, scope, telemetry) until the garbage collector runs. Their locals go;
